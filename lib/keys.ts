@@ -1,0 +1,61 @@
+import { createHash } from 'node:crypto'
+import { isIPv6 } from 'node:net'
+
+const SAFE_ID = /^[A-Za-z0-9._:-]{1,64}$/
+
+/**
+ * The client part of a key, safe to put inside a Redis Cluster hash tag:
+ * ids of up to 64 bytes from [A-Za-z0-9._:-] are kept as they are; any
+ * other id (longer, binary, with braces, newlines, spaces, empty) becomes
+ * '#' and 26 base64url characters of its SHA-256. '#' never appears in a
+ * kept id, so a hashed id cannot collide with a kept one, and no input can
+ * leave the hash tag, pick its slot, or make the key long.
+ */
+export function clientId (id: string): string {
+  if (SAFE_ID.test(id)) return id
+  return '#' + createHash('sha256').update(id).digest('base64url').slice(0, 26)
+}
+
+/** `<prefix>:{<client>}:<bucket>`; the braces make the client a hash tag. */
+export function bucketKey (prefix: string, client: string, bucket: string): string {
+  return `${prefix}:{${clientId(client)}}:${bucket}`
+}
+
+/**
+ * An IP address as a client identity: IPv4-mapped IPv6 becomes plain IPv4,
+ * other IPv6 addresses are reduced to their first `subnet` bits, written as
+ * eight hex groups, so one host cannot rotate through the addresses of its
+ * own /64 to get fresh buckets.
+ */
+export function ipIdentity (ip: string, subnet: number): string {
+  if (!ip.includes(':')) return ip
+  const lower = ip.toLowerCase()
+  if (lower.startsWith('::ffff:') && lower.includes('.')) return lower.slice(7)
+  if (!isIPv6(lower)) return ip
+  const groups = expandIPv6(lower)
+  const out: string[] = []
+  for (let i = 0; i < 8; i++) {
+    const keep = Math.max(0, Math.min(16, subnet - 16 * i))
+    const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
+    out.push(((groups[i] as number) & mask).toString(16))
+  }
+  return out.join(':')
+}
+
+function expandIPv6 (ip: string): number[] {
+  let text = ip
+  const zone = text.indexOf('%')
+  if (zone !== -1) text = text.slice(0, zone)
+  // A trailing dotted IPv4 part stands for the last two groups.
+  const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(text)
+  if (dotted !== null) {
+    const [a, b, c, d] = dotted.slice(1).map(Number) as [number, number, number, number]
+    text = text.slice(0, dotted.index) + ((a << 8) | b).toString(16) + ':' + ((c << 8) | d).toString(16)
+  }
+  const [head = '', tail] = text.split('::')
+  const left = head === '' ? [] : head.split(':')
+  const right = tail === undefined || tail === '' ? [] : tail.split(':')
+  const missing = 8 - left.length - right.length
+  const all = tail === undefined ? left : [...left, ...new Array<string>(missing).fill('0'), ...right]
+  return all.map((g) => parseInt(g, 16))
+}

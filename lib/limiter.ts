@@ -1,0 +1,216 @@
+import diagnostics from 'node:diagnostics_channel'
+import { optionError } from './errors.js'
+import { Guard } from './guard.js'
+import { clientId } from './keys.js'
+import { MemoryStore } from './memory-store.js'
+import {
+  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, isRecord, keyPrefix,
+  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+} from './options.js'
+import { RedisStore } from './redis-store.js'
+import type { BucketSpec, StoreReply } from './store.js'
+import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
+
+/** Internal entry of the Fastify layer: one cost per policy, already checked. */
+export const kDecide = Symbol('tollgate.decide')
+
+export interface CoreLimiter extends Limiter {
+  [kDecide](clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+}
+
+/** Published for every decision: `{ key, decision }`. */
+export const decisionChannel = diagnostics.channel('tollgate:decision')
+
+const LIMITER_CHECKS = {
+  redis: redisClient,
+  prefix: keyPrefix,
+  timeout: positiveNumber,
+  breaker,
+  logger: (value: unknown, name: string) => {
+    if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
+      throw optionError(name, value, 'a logger with warn, info and error methods')
+    }
+  }
+}
+
+const POLICY_CHECKS = {
+  bucket: nonEmptyString,
+  capacity: positiveNumber,
+  refillPerSecond: positiveNumber,
+  cost: positiveNumber,
+  failureMode: oneOf(FAILURE_MODES),
+  local: localPolicy,
+  timeout: positiveNumber
+}
+
+/** Checks a core policy; throws a TypeError naming the field. */
+export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy is Policy {
+  if (!isRecord(policy)) throw optionError(where.slice(0, -1), policy, 'a policy object')
+  checkFields(policy, POLICY_CHECKS, where)
+  for (const name of ['bucket', 'capacity', 'refillPerSecond', 'failureMode'] as const) {
+    if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
+  }
+  const capacity = policy.capacity as number
+  if (policy.cost !== undefined && (policy.cost as number) > capacity) {
+    throw optionError(where + 'cost', policy.cost, `at most capacity (${capacity})`)
+  }
+  if (policy.failureMode === 'local' && policy.local === undefined) {
+    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
+  }
+}
+
+/**
+ * The framework-free limiter: token buckets in Redis (or, without `redis`,
+ * in this process), decided atomically, with each policy's failure mode
+ * applied when the store fails or misses its deadline.
+ */
+export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
+  const input: unknown = options
+  if (!isRecord(input)) throw optionError('options', input, 'an object')
+  checkFields(input, LIMITER_CHECKS, '')
+  const prefix = options.prefix ?? DEFAULT_PREFIX
+  const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
+  const memory = new MemoryStore()
+  const local = new MemoryStore({ maxKeys: 10_000 })
+  const guard = options.redis === undefined
+    ? undefined
+    : new Guard(new RedisStore(options.redis), { ...DEFAULT_BREAKER, ...options.breaker }, options.logger)
+  const checked = new WeakSet<object>()
+
+  function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
+    const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
+    if (list.length === 0) throw optionError('policy', input, 'a policy or a non-empty array of policies')
+    for (const policy of list) {
+      if (!checked.has(policy)) {
+        checkPolicy(policy)
+        checked.add(policy)
+      }
+    }
+    return list
+  }
+
+  function checkCall (clientKey: string, list: readonly Policy[], cost: number | undefined): void {
+    if (typeof clientKey !== 'string') throw optionError('clientKey', clientKey, 'a string')
+    if (cost === undefined) return
+    positiveNumber(cost, 'cost')
+    for (const policy of list) {
+      if (cost > policy.capacity) throw optionError('cost', cost, `at most capacity (${policy.capacity}) of bucket "${policy.bucket}"`)
+    }
+  }
+
+  function specsOf (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined): BucketSpec[] {
+    const id = clientId(clientKey)
+    const specs: BucketSpec[] = []
+    for (let i = 0; i < list.length; i++) {
+      const policy = list[i] as Policy
+      const spend = costs?.[i] ?? policy.cost ?? 1
+      specs.push({ key: `${prefix}:{${id}}:${policy.bucket}`, capacity: policy.capacity, refillPerSecond: policy.refillPerSecond, cost: spend })
+    }
+    return specs
+  }
+
+  function publicDecide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
+    const list = policiesOf(input)
+    checkCall(clientKey, list, cost)
+    return decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)
+  }
+
+  async function decide (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision> {
+    const specs = specsOf(clientKey, list, costs)
+    let decision: Decision
+    if (guard === undefined) {
+      decision = summarize(list, memory.decideSync(specs, consume), 'store')
+    } else {
+      let timeout = Infinity
+      for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
+      try {
+        decision = summarize(list, await guard.call(specs, consume, timeout), 'store')
+      } catch {
+        decision = fallback(guard, list, specs, consume)
+      }
+    }
+    if (decisionChannel.hasSubscribers) decisionChannel.publish({ key: clientKey, decision })
+    return decision
+  }
+
+  function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], consume: boolean): Decision {
+    if (list.some((p) => p.failureMode === 'closed')) {
+      guard.fellBack('fail-closed')
+      return failed(list, 'fail-closed', Math.max(1000, guard.cooldownLeftMs))
+    }
+    const localList: Policy[] = []
+    const localSpecs: BucketSpec[] = []
+    for (let i = 0; i < list.length; i++) {
+      const policy = list[i] as Policy
+      if (policy.failureMode !== 'local' || policy.local === undefined) continue
+      const spec = specs[i] as BucketSpec
+      localList.push({ ...policy, capacity: policy.local.capacity, refillPerSecond: policy.local.refillPerSecond })
+      localSpecs.push({ key: spec.key, capacity: policy.local.capacity, refillPerSecond: policy.local.refillPerSecond, cost: spec.cost })
+    }
+    if (localList.length === 0) {
+      guard.fellBack('fail-open')
+      return failed(list, 'fail-open', 0)
+    }
+    guard.fellBack('local')
+    return summarize(localList, local.decideSync(localSpecs, consume), 'local')
+  }
+
+  return {
+    [kDecide]: decide,
+    consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
+    peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
+    async reset (clientKey, bucket) {
+      nonEmptyString(bucket, 'bucket')
+      checkCall(clientKey, [], undefined)
+      const key = `${prefix}:{${clientId(clientKey)}}:${bucket}`
+      await local.reset(key)
+      await memory.reset(key)
+      if (guard !== undefined) await guard.reset(key, defaultTimeout)
+    },
+    async close () {
+      memory.clear()
+      local.clear()
+    },
+    get state () {
+      return guard?.state ?? 'healthy'
+    }
+  }
+}
+
+function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
+  const decisions: Decision[] = []
+  let binding = 0
+  for (let i = 0; i < list.length; i++) {
+    const policy = list[i] as Policy
+    const bucket = reply.buckets[i] as StoreReply['buckets'][number]
+    const decision: Decision = {
+      allowed: bucket.waitUs === 0,
+      limit: policy.capacity,
+      remaining: Math.max(0, Math.floor(bucket.remaining + 1e-9)),
+      resetMs: bucket.fullInUs / 1000,
+      retryAfterMs: bucket.waitUs / 1000,
+      source,
+      bucket: policy.bucket
+    }
+    decisions.push(decision)
+    const best = decisions[binding] as Decision
+    if (reply.allowed ? decision.remaining < best.remaining : decision.retryAfterMs > best.retryAfterMs) binding = i
+  }
+  const chosen = decisions[binding] as Decision
+  if (decisions.length === 1) return chosen
+  return { ...chosen, allowed: reply.allowed, policies: decisions }
+}
+
+function failed (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number): Decision {
+  const decisions = list.map((policy): Decision => ({
+    allowed: source === 'fail-open',
+    limit: policy.capacity,
+    remaining: 0,
+    resetMs: 0,
+    retryAfterMs,
+    source,
+    bucket: policy.bucket
+  }))
+  const chosen = decisions.find((d, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
+  return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
+}

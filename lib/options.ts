@@ -1,0 +1,124 @@
+import { describe, optionError } from './errors.js'
+import type { BreakerOptions, FailureMode, LocalPolicy, RedisClient } from './types.js'
+
+export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
+export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
+export const HOOKS = ['onRequest', 'preHandler'] as const
+
+export const DEFAULT_TIMEOUT = 10
+export const DEFAULT_PREFIX = 'tollgate'
+export const DEFAULT_BREAKER: BreakerOptions = { failures: 5, cooldownMs: 1000 }
+
+type Check = (value: unknown, name: string) => void
+
+export function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+export function positiveNumber (value: unknown, name: string): void {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
+    throw optionError(name, value, 'a finite number > 0')
+  }
+}
+
+export function positiveInteger (value: unknown, name: string): void {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
+    throw optionError(name, value, 'an integer > 0')
+  }
+}
+
+export function oneOf (allowed: readonly unknown[]): Check {
+  const text = allowed.map((v) => describe(v)).join(', ')
+  return (value, name) => {
+    if (!allowed.includes(value)) throw optionError(name, value, `one of ${text}`)
+  }
+}
+
+export function isFunction (value: unknown, name: string): void {
+  if (typeof value !== 'function') throw optionError(name, value, 'a function')
+}
+
+export function isBoolean (value: unknown, name: string): void {
+  if (typeof value !== 'boolean') throw optionError(name, value, 'true or false')
+}
+
+export function nonEmptyString (value: unknown, name: string): void {
+  if (typeof value !== 'string' || value.length === 0) throw optionError(name, value, 'a non-empty string')
+}
+
+export function keyPrefix (value: unknown, name: string): void {
+  if (typeof value !== 'string' || !/^[A-Za-z0-9._:-]{1,64}$/.test(value)) {
+    throw optionError(name, value, 'a string of 1 to 64 characters from [A-Za-z0-9._:-]')
+  }
+}
+
+export function ipv6Subnet (value: unknown, name: string): void {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 128) {
+    throw optionError(name, value, 'an integer from 1 to 128')
+  }
+}
+
+export function redisClient (value: unknown, name: string): asserts value is RedisClient {
+  if (!isRecord(value) || typeof value.defineCommand !== 'function' || typeof value.status !== 'string') {
+    throw optionError(name, value, 'an ioredis Redis or Cluster client')
+  }
+}
+
+export function cost (value: unknown, name: string): void {
+  if (typeof value === 'function') return
+  positiveNumber(value, name)
+}
+
+/** Checks an object's known fields with their checks; unknown names are errors with a hint. */
+export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string): void {
+  for (const name of Object.keys(input)) {
+    const check = checks[name]
+    if (check === undefined) {
+      const hint = closest(name, Object.keys(checks))
+      const err = new TypeError(`tollgate: unknown option \`${where}${name}\`${hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`}`)
+      Object.defineProperty(err, 'code', { value: 'TOLLGATE_INVALID_OPTION', enumerable: true })
+      throw err
+    }
+    const value = input[name]
+    if (value !== undefined) check(value, where + name)
+  }
+}
+
+export function localPolicy (value: unknown, name: string): asserts value is LocalPolicy {
+  if (!isRecord(value)) throw optionError(name, value, 'an object { capacity, refillPerSecond }')
+  checkFields(value, { capacity: positiveNumber, refillPerSecond: positiveNumber }, name + '.')
+  if (value.capacity === undefined) throw optionError(name + '.capacity', undefined, 'a finite number > 0')
+  if (value.refillPerSecond === undefined) throw optionError(name + '.refillPerSecond', undefined, 'a finite number > 0')
+}
+
+export function breaker (value: unknown, name: string): asserts value is Partial<BreakerOptions> {
+  if (!isRecord(value)) throw optionError(name, value, 'an object { failures, cooldownMs }')
+  checkFields(value, { failures: positiveInteger, cooldownMs: positiveNumber }, name + '.')
+}
+
+/** Closest known name by edit distance, when it is close enough to be a likely typo. */
+export function closest (name: string, known: readonly string[]): string | undefined {
+  let best: string | undefined
+  let bestDistance = Infinity
+  for (const candidate of known) {
+    const d = distance(name.toLowerCase(), candidate.toLowerCase())
+    if (d < bestDistance) {
+      bestDistance = d
+      best = candidate
+    }
+  }
+  return bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : undefined
+}
+
+function distance (a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, i) => i)
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i]
+    for (let j = 1; j <= b.length; j++) {
+      const substitution = (previous[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1)
+      row.push(Math.min((previous[j] as number) + 1, (row[j - 1] as number) + 1, substitution))
+    }
+    previous = row
+  }
+  return previous[b.length] as number
+}

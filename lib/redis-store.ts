@@ -1,0 +1,73 @@
+import { createHash } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import type { Result } from 'ioredis'
+import { StoreError } from './errors.js'
+import type { BucketSpec, BucketState, Store, StoreReply } from './store.js'
+import type { RedisClient } from './types.js'
+
+const LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.url), 'utf8')
+
+/**
+ * Command name on the user's client: the package name plus the script's
+ * hash, so two versions of tollgate (or another plugin) sharing one client
+ * never overwrite each other's command.
+ */
+export const SCRIPT_COMMAND = `tollgate_${createHash('sha1').update(LUA).digest('hex').slice(0, 12)}` as const
+
+type ScriptReply = Array<string | number>
+
+declare module 'ioredis' {
+  interface RedisCommander<Context> {
+    [command: `tollgate_${string}`]: (numKeys: number, ...args: Array<string | number>) => Result<ScriptReply, Context>
+  }
+}
+
+/**
+ * Buckets in Redis, decided by lua/token-bucket.lua. ioredis's
+ * defineCommand does EVALSHA, falls back to EVAL on first use, and recovers
+ * from NOSCRIPT after a script flush or a failover.
+ *
+ * A command is only sent while the client is connected: when it is not,
+ * the call fails at once instead of waiting in the client's offline queue.
+ */
+export class RedisStore implements Store {
+  readonly #redis: RedisClient
+
+  constructor (redis: RedisClient) {
+    this.#redis = redis
+    if (typeof redis[SCRIPT_COMMAND] !== 'function') {
+      redis.defineCommand(SCRIPT_COMMAND, { lua: LUA })
+    }
+  }
+
+  get connected (): boolean {
+    return this.#redis.status === 'ready'
+  }
+
+  async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+    if (this.#redis.status !== 'ready') {
+      throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
+    }
+    const args: Array<string | number> = []
+    for (const spec of specs) args.push(spec.key)
+    args.push(consume ? '1' : '0')
+    for (const spec of specs) args.push(spec.capacity, spec.refillPerSecond, spec.cost)
+    const reply = await this.#redis[SCRIPT_COMMAND]!(specs.length, ...args)
+    const buckets: BucketState[] = []
+    for (let i = 0; i < specs.length; i++) {
+      buckets.push({
+        remaining: Number(reply[3 * i + 2]),
+        fullInUs: Number(reply[3 * i + 3]),
+        waitUs: Number(reply[3 * i + 4])
+      })
+    }
+    return { allowed: reply[0] === 1, nowUs: Number(reply[1]), buckets }
+  }
+
+  async reset (key: string): Promise<void> {
+    if (this.#redis.status !== 'ready') {
+      throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
+    }
+    await this.#redis.del(key)
+  }
+}
