@@ -51,7 +51,13 @@ export class Guard {
     return Math.max(0, this.#openUntil - Date.now())
   }
 
-  async call (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number): Promise<StoreReply> {
+  /** One bucket decision through the guard. */
+  call (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number): Promise<StoreReply> {
+    return this.run(() => this.#store.decide(specs, consume), timeoutMs, specs)
+  }
+
+  /** Any store call through the deadline and the breaker; rejects with a StoreError. */
+  async run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
     if (this.#openUntil !== 0) {
       if (Date.now() < this.#openUntil || this.#probing) {
         throw new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open')
@@ -59,9 +65,9 @@ export class Guard {
       this.#probing = true
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
     }
-    let reply: StoreReply
+    let reply: T
     try {
-      reply = await deadline(this.#store.decide(specs, consume), timeoutMs)
+      reply = await deadline(call(), timeoutMs)
     } catch (cause) {
       const err = cause instanceof StoreError
         ? cause

@@ -1,10 +1,12 @@
 import diagnostics from 'node:diagnostics_channel'
+import { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import { Guard } from './guard.js'
+import { LeaseBook } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import {
-  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, isRecord, keyPrefix,
+  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, denialCache, lease, isRecord, keyPrefix,
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import { RedisStore } from './redis-store.js'
@@ -26,6 +28,7 @@ const LIMITER_CHECKS = {
   prefix: keyPrefix,
   timeout: positiveNumber,
   breaker,
+  denialCache,
   logger: (value: unknown, name: string) => {
     if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
       throw optionError(name, value, 'a logger with warn, info and error methods')
@@ -40,7 +43,8 @@ const POLICY_CHECKS = {
   cost: positiveNumber,
   failureMode: oneOf(FAILURE_MODES),
   local: localPolicy,
-  timeout: positiveNumber
+  timeout: positiveNumber,
+  lease
 }
 
 /** Checks a core policy; throws a TypeError naming the field. */
@@ -57,6 +61,8 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
   if (policy.failureMode === 'local' && policy.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
+  const batch = (policy.lease as { tokens: number } | undefined)?.tokens
+  if (batch !== undefined && batch > capacity) throw optionError(where + 'lease.tokens', batch, `at most capacity (${capacity})`)
 }
 
 /**
@@ -72,10 +78,15 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
   const memory = new MemoryStore()
   const local = new MemoryStore({ maxKeys: 10_000 })
-  const guard = options.redis === undefined
+  const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
+  const guard = redis === undefined
     ? undefined
-    : new Guard(new RedisStore(options.redis), { ...DEFAULT_BREAKER, ...options.breaker }, options.logger)
+    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, options.logger)
+  const leases = new LeaseBook(10_000)
   const checked = new WeakSet<object>()
+  const denials = guard === undefined || options.denialCache === false
+    ? undefined
+    : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -121,16 +132,45 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     if (guard === undefined) {
       decision = summarize(list, memory.decideSync(specs, consume), 'store')
     } else {
-      let timeout = Infinity
-      for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
-      try {
-        decision = summarize(list, await guard.call(specs, consume, timeout), 'store')
-      } catch {
-        decision = fallback(guard, list, specs, consume)
+      const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
+      const cached = consume ? denials?.get(id, specs) : undefined
+      const only = list[0] as Policy
+      if (cached !== undefined) {
+        decision = cached
+      } else if (consume && only.lease !== undefined && list.length === 1) {
+        decision = await leased(guard, redis as RedisStore, only, only.lease, specs)
+      } else {
+        let timeout = Infinity
+        for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
+        const sentAt = performance.now()
+        try {
+          decision = summarize(list, await guard.call(specs, consume, timeout), 'store')
+          if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
+        } catch {
+          decision = fallback(guard, list, specs, consume)
+        }
       }
     }
     if (decisionChannel.hasSubscribers) decisionChannel.publish({ key: clientKey, decision })
     return decision
+  }
+
+  /** A single-policy consume with leases: spend a local batch, or take a new one in one call. */
+  async function leased (guard: Guard, store: RedisStore, policy: Policy, lease: NonNullable<Policy['lease']>, specs: BucketSpec[]): Promise<Decision> {
+    const spec = specs[0] as BucketSpec
+    const spent = leases.spend(policy, spec, lease.maxAgeMs)
+    if (typeof spent !== 'number') return spent
+    const sentAt = performance.now()
+    try {
+      const reply = await guard.run(() => store.lease(spec, Math.max(spec.cost, lease.tokens), spent), policy.timeout ?? defaultTimeout, specs)
+      if (reply.taken > 0) leases.add(spec, reply)
+      const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
+      const decision = summarize([policy], { allowed: reply.taken > 0, nowUs: reply.nowUs, buckets: [bucket] }, 'store')
+      if (!decision.allowed) denials?.set(spec.key, specs, decision, sentAt)
+      return decision
+    } catch {
+      return fallback(guard, [policy], specs, true)
+    }
   }
 
   function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], consume: boolean): Decision {
@@ -165,9 +205,17 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       const key = `${prefix}:{${clientId(clientKey)}}:${bucket}`
       await local.reset(key)
       await memory.reset(key)
+      denials?.forget(key)
+      leases.forget(key)
       if (guard !== undefined) await guard.reset(key, defaultTimeout)
     },
     async close () {
+      if (guard !== undefined && redis !== undefined) {
+        const store = redis
+        await Promise.allSettled(leases.drain().map(([spec, left]) =>
+          guard.run(() => store.lease({ ...spec, cost: 0 }, 0, left), defaultTimeout, [spec])))
+      }
+      denials?.clear()
       memory.clear()
       local.clear()
     },

@@ -96,6 +96,19 @@ export function breaker (value: unknown, name: string): asserts value is Partial
   checkFields(value, { failures: positiveInteger, cooldownMs: positiveNumber }, name + '.')
 }
 
+export function lease (value: unknown, name: string): void {
+  if (!isRecord(value)) throw optionError(name, value, 'an object { tokens, maxAgeMs }')
+  checkFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.')
+  if (value.tokens === undefined) throw optionError(name + '.tokens', undefined, 'a finite number > 0')
+  if (value.maxAgeMs === undefined) throw optionError(name + '.maxAgeMs', undefined, 'a finite number > 0')
+}
+
+export function denialCache (value: unknown, name: string): void {
+  if (value === false) return
+  if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys }')
+  checkFields(value, { maxKeys: positiveInteger }, name + '.')
+}
+
 /** Closest known name by edit distance, when it is close enough to be a likely typo. */
 export function closest (name: string, known: readonly string[]): string | undefined {
   let best: string | undefined

@@ -26,6 +26,8 @@ export interface RoutePolicy {
   hook?: 'onRequest' | 'preHandler'
   /** Requests for which it returns true skip the limiter. */
   allow?: (request: FastifyRequest) => boolean | Promise<boolean>
+  /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
+  lease?: { tokens: number, maxAgeMs: number }
 }
 
 export interface TollgateOptions extends RoutePolicy {
@@ -41,6 +43,8 @@ export interface TollgateOptions extends RoutePolicy {
   ipv6Subnet?: number
   /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */
   breaker?: Partial<BreakerOptions>
+  /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
+  denialCache?: { maxKeys?: number } | false
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */

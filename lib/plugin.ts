@@ -5,7 +5,7 @@ import { PolicyHeaders, retrySeconds, setHeaders, type HeaderMode } from './head
 import { ipIdentity } from './keys.js'
 import { checkPolicy, createLimiter, kDecide, type CoreLimiter } from './limiter.js'
 import {
-  DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, ipv6Subnet, isBoolean,
+  DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import type { Decision, Policy } from './types.js'
@@ -26,7 +26,8 @@ const ROUTE_CHECKS = {
   timeout: positiveNumber,
   headers: oneOf(HEADER_MODES),
   hook: oneOf(HOOKS),
-  allow: isFunction
+  allow: isFunction,
+  lease
 }
 
 const PLUGIN_CHECKS = {
@@ -35,7 +36,8 @@ const PLUGIN_CHECKS = {
   global: isBoolean,
   prefix: keyPrefix,
   ipv6Subnet,
-  breaker
+  breaker,
+  denialCache
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -78,6 +80,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     prefix: options.prefix ?? DEFAULT_PREFIX,
     timeout: options.timeout,
     breaker: options.breaker,
+    denialCache: options.denialCache,
     logger: app.log
   })
   const global = options.global ?? true
@@ -193,6 +196,7 @@ function compileRoute (route: RouteOptions, config: unknown, defaults: RoutePoli
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
     checkFields(entry, ROUTE_CHECKS, at)
     const policy = toPolicy({ ...defaults, ...entry }, (entry.bucket as string | undefined) ?? (i === 0 ? name : `${name}#${i}`), at)
+    if (list.length > 1 && policy.lease !== undefined) throw optionError(`${at}lease`, policy.lease, 'unset in an array of policies (leases serve single-policy routes)')
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
     const spend = entry.cost ?? defaults.cost
@@ -229,6 +233,7 @@ function toPolicy (merged: RoutePolicy, bucket: string, where: string): Policy {
   if (typeof merged.cost === 'number') policy.cost = merged.cost
   if (merged.local !== undefined) policy.local = merged.local
   if (merged.timeout !== undefined) policy.timeout = merged.timeout
+  if (merged.lease !== undefined) policy.lease = merged.lease
   checkPolicy(policy, where)
   return policy
 }

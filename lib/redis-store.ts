@@ -2,23 +2,29 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Result } from 'ioredis'
 import { StoreError } from './errors.js'
-import type { BucketSpec, BucketState, Store, StoreReply } from './store.js'
+import type { BucketSpec, BucketState, LeaseReply, LeaseStore, Store, StoreReply } from './store.js'
 import type { RedisClient } from './types.js'
 
 const LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.url), 'utf8')
+const LEASE_LUA = readFileSync(new URL('../lua/lease.lua', import.meta.url), 'utf8')
 
 /**
  * Command name on the user's client: the package name plus the script's
  * hash, so two versions of tollgate (or another plugin) sharing one client
  * never overwrite each other's command.
  */
-export const SCRIPT_COMMAND = `tollgate_${createHash('sha1').update(LUA).digest('hex').slice(0, 12)}` as const
+export const SCRIPT_COMMAND = commandName(LUA)
+export const LEASE_COMMAND = commandName(LEASE_LUA)
+
+function commandName (lua: string): `tollgate_${string}` {
+  return `tollgate_${createHash('sha1').update(lua).digest('hex').slice(0, 12)}`
+}
 
 type ScriptReply = Array<string | number>
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    [command: `tollgate_${string}`]: (numKeys: number, ...args: Array<string | number>) => Result<ScriptReply, Context>
+    [command: `tollgate_${string}`]: (...args: Array<string | number>) => Result<ScriptReply, Context>
   }
 }
 
@@ -30,24 +36,27 @@ declare module 'ioredis' {
  * A command is only sent while the client is connected: when it is not,
  * the call fails at once instead of waiting in the client's offline queue.
  */
-export class RedisStore implements Store {
+export class RedisStore implements Store, LeaseStore {
   readonly #redis: RedisClient
 
   constructor (redis: RedisClient) {
     this.#redis = redis
-    if (typeof redis[SCRIPT_COMMAND] !== 'function') {
-      redis.defineCommand(SCRIPT_COMMAND, { lua: LUA })
-    }
+    if (typeof redis[SCRIPT_COMMAND] !== 'function') redis.defineCommand(SCRIPT_COMMAND, { lua: LUA })
+    if (typeof redis[LEASE_COMMAND] !== 'function') redis.defineCommand(LEASE_COMMAND, { lua: LEASE_LUA, numberOfKeys: 1 })
   }
 
   get connected (): boolean {
     return this.#redis.status === 'ready'
   }
 
-  async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+  #ready (): void {
     if (this.#redis.status !== 'ready') {
       throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
     }
+  }
+
+  async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+    this.#ready()
     const args: Array<string | number> = []
     for (const spec of specs) args.push(spec.key)
     args.push(consume ? '1' : '0')
@@ -64,10 +73,18 @@ export class RedisStore implements Store {
     return { allowed: reply[0] === 1, nowUs: Number(reply[1]), buckets }
   }
 
-  async reset (key: string): Promise<void> {
-    if (this.#redis.status !== 'ready') {
-      throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
+  async lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply> {
+    this.#ready()
+    const reply = await this.#redis[LEASE_COMMAND]!(spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack)
+    return {
+      taken: Number(reply[0]),
+      nowUs: Number(reply[1]),
+      bucket: { remaining: Number(reply[2]), fullInUs: Number(reply[3]), waitUs: Number(reply[4]) }
     }
+  }
+
+  async reset (key: string): Promise<void> {
+    this.#ready()
     await this.#redis.del(key)
   }
 }

@@ -33,3 +33,16 @@ export interface Store {
   decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply>
   reset (key: string): Promise<void>
 }
+
+/** A batch of tokens taken from one bucket. */
+export interface LeaseReply {
+  /** Tokens taken: 0 when the bucket could not afford the least amount. */
+  taken: number
+  nowUs: number
+  bucket: BucketState
+}
+
+/** A store that can lend tokens in batches (see lua/lease.lua). */
+export interface LeaseStore {
+  lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply>
+}

@@ -43,6 +43,12 @@ export interface Policy {
   local?: LocalPolicy
   /** Deadline for one store decision, ms (default: the limiter's). */
   timeout?: number
+  /**
+   * Opt-in token leases: take `tokens` at a time from the shared bucket and
+   * spend them in this process; a batch is given back once older than
+   * `maxAgeMs`. Single-policy checks only.
+   */
+  lease?: { tokens: number, maxAgeMs: number }
 }
 
 /** Circuit breaker settings. */
@@ -70,6 +76,11 @@ export interface LimiterOptions {
   /** Default deadline for one store decision, ms (default 10). */
   timeout?: number
   breaker?: Partial<BreakerOptions>
+  /**
+   * Denies locally, without a store call, while a bucket that the store
+   * denied cannot afford the cost yet (default on, 10 000 entries).
+   */
+  denialCache?: { maxKeys?: number } | false
   logger?: Logger
 }
 

@@ -1,0 +1,68 @@
+-- tollgate token lease: take a batch of tokens from one bucket in one
+-- atomic step, optionally giving back the unspent rest of an earlier lease
+-- first. Same encoding as token-bucket.lua: the key holds one integer, the
+-- microsecond of Redis's clock at which the bucket is full again
+-- (tokens = capacity - max(0, full - now) / T, T = 1e6 / refillPerSecond).
+--
+-- KEYS[1]   the bucket key
+-- ARGV[1]   capacity, tokens (> 0)
+-- ARGV[2]   refill, tokens per second (> 0)
+-- ARGV[3]   least to take, tokens: the request's cost; 0 takes nothing
+--           (a pure give-back)
+-- ARGV[4]   most to take, tokens (>= ARGV[3]): the lease size
+-- ARGV[5]   tokens given back before taking (>= 0): the unspent part of an
+--           earlier lease of this caller
+--
+-- Returns:
+--   [1]  tokens taken, as a string: 0 when the bucket cannot afford the
+--        least amount (then nothing is taken), else between least and most
+--        (the most that is available, in whole tokens, but never below least)
+--   [2]  Redis's clock, microseconds
+--   [3]  tokens left in the bucket after this call, as a string
+--   [4]  microseconds until the bucket is full again
+--   [5]  microseconds until `least` tokens are available; 0 when taken
+--
+-- Why TIME: as in token-bucket.lua, the clock is Redis's own, so no app
+-- server can pass in a clock of its own.
+-- Giving back moves the full-at time back by the unspent tokens, never
+-- past now (a bucket holds at most capacity): the bucket then holds what
+-- it would hold had only the spent tokens been taken, so a lease can never
+-- let the fleet spend more than the bucket allows.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local capacity = tonumber(ARGV[1])
+local step = 1000000 / tonumber(ARGV[2])
+local least = tonumber(ARGV[3])
+local most = tonumber(ARGV[4])
+local back = tonumber(ARGV[5])
+
+local stored = tonumber(redis.call('GET', KEYS[1]))
+local full = stored or now
+if full < now then full = now end
+if back > 0 then
+  full = math.max(now, math.ceil(full - back * step))
+end
+
+local available = capacity - (full - now) / step
+local taken = 0
+local wait = 0
+if least > 0 then
+  local over = full + least * step - now - capacity * step
+  if over <= 0 then
+    taken = math.max(least, math.min(most, math.floor(available)))
+    full = math.ceil(full + taken * step)
+  else
+    wait = math.ceil(over)
+  end
+end
+
+if taken > 0 or back > 0 then
+  if full > now then
+    redis.call('SET', KEYS[1], full, 'PX', math.ceil((full - now) / 1000))
+  elseif stored ~= nil then
+    redis.call('DEL', KEYS[1])
+  end
+end
+
+return { tostring(taken), now, tostring(capacity - (full - now) / step), full - now, wait }
