@@ -1,0 +1,8 @@
+// tap coverage map: given a test file path relative to the repo root, return
+// the globs of the files its coverage counts for, or null for none.
+// Every test counts toward lib/; the test helpers' own self-test loads no
+// library code, so it contributes nothing.
+export default function coverageMap (testFile) {
+  if (testFile === 'test/helpers.test.ts') return null
+  return ['lib/**/*.ts']
+}
