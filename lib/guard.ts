@@ -69,9 +69,7 @@ export class Guard {
     try {
       reply = await deadline(call(), timeoutMs)
     } catch (cause) {
-      const err = cause instanceof StoreError
-        ? cause
-        : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${(cause as Error).message}`, { cause })
+      const err = asStoreError(cause)
       if (/WRONGTYPE/.test(err.message)) {
         this.#succeeded()
         this.#logger?.error({ err, keys: specs.map((s) => s.key) }, 'rate limit key holds a value of the wrong type')
@@ -86,7 +84,11 @@ export class Guard {
 
   /** Deletes a key in the store, under the same deadline; failures reject. */
   async reset (key: string, timeoutMs: number): Promise<void> {
-    await deadline(this.#store.reset(key), timeoutMs)
+    try {
+      await deadline(this.#store.reset(key), timeoutMs)
+    } catch (cause) {
+      throw asStoreError(cause)
+    }
   }
 
   /** Counts a decision made without the store, for the recovery log line. */
@@ -125,6 +127,12 @@ export class Guard {
       if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'healthy', downMs, decisions })
     }
   }
+}
+
+function asStoreError (cause: unknown): StoreError {
+  return cause instanceof StoreError
+    ? cause
+    : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${(cause as Error).message}`, { cause })
 }
 
 /** Settles like `promise`, or rejects with a timeout after `ms`; a later settlement is ignored. */

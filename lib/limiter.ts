@@ -120,7 +120,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     return specs
   }
 
-  function publicDecide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
+  async function publicDecide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
     const list = policiesOf(input)
     checkCall(clientKey, list, cost)
     return decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)

@@ -55,10 +55,10 @@ export class MemoryStore implements Store {
     for (let i = 0; i < specs.length; i++) {
       const spec = specs[i] as BucketSpec
       const state = buckets[i] as BucketState
-      if (allowed) {
+      if (allowed && consume) {
         const full = after[i] as number
         state.fullInUs = full - now
-        if (consume) this.#write(spec.key, full)
+        this.#write(spec.key, full)
       }
       state.remaining = spec.capacity - state.fullInUs / (1e6 / spec.refillPerSecond)
     }

@@ -103,13 +103,14 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     return core
   }
   const decorator: TollgateDecorator = {
-    consume: (clientKey, policy, spend) => limiter.consume(clientKey, programmatic(policy), spend),
-    peek: (clientKey, policy) => limiter.peek(clientKey, programmatic(policy)),
+    consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
+    peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
     reset: (clientKey, bucket) => limiter.reset(clientKey, bucket),
     limiter
   }
   app.decorate('tollgate', decorator)
   app.decorateRequest('rateLimit', undefined)
+  app.decorateRequest(kChecked, false)
 
   app.addHook('onRoute', (route) => {
     const config = (route.config as { rateLimit?: unknown } | undefined)?.rateLimit
@@ -195,8 +196,11 @@ function compileRoute (route: RouteOptions, config: unknown, defaults: RoutePoli
     const at = list.length === 1 ? where : `${where}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
     checkFields(entry, ROUTE_CHECKS, at)
-    const policy = toPolicy({ ...defaults, ...entry }, (entry.bucket as string | undefined) ?? (i === 0 ? name : `${name}#${i}`), at)
-    if (list.length > 1 && policy.lease !== undefined) throw optionError(`${at}lease`, policy.lease, 'unset in an array of policies (leases serve single-policy routes)')
+    if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
+    const base = defaults.bucket ?? name
+    const merged: RoutePolicy = { ...defaults, ...entry }
+    if (list.length > 1) delete merged.lease
+    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at)
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
     const spend = entry.cost ?? defaults.cost

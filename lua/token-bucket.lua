@@ -23,7 +23,8 @@
 --                mode, all of them were spent), else 0 and nothing was spent
 --   [2]          Redis's clock at the decision, microseconds
 --   then for each policy i, three entries:
---   remaining    tokens left after this decision, as a string (fractions kept)
+--   remaining    tokens left after this decision, as a string (fractions kept);
+--                a peek reports the tokens there are, without spending
 --   full in      microseconds until this bucket is full again (integer)
 --   wait         microseconds until `cost` tokens are available; 0 when this
 --                policy could afford it (integer)
@@ -33,9 +34,11 @@
 -- nothing, because it has no way to pass its own time in. Since Redis 5,
 -- scripts replicate their effects, so reading TIME is safe.
 --
--- TTL: each written key expires when its bucket would be full again (rounded
--- up to the millisecond), and a full bucket is the same as a missing key,
--- so Redis holds keys only for clients that spent something recently.
+-- TTL: each written key expires when its bucket would be full again, rounded
+-- up to the next millisecond: that rounding is the margin. A full bucket and
+-- a missing key are the same thing, so a key that expires at or after that
+-- moment changes no decision, and Redis holds keys only for clients that
+-- spent something recently.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -67,11 +70,9 @@ end
 local out = { allowed, now }
 for i = 1, n do
   local b = busy[i]
-  if allowed == 1 then
+  if allowed == 1 and consume then
     b = after[i] - now
-    if consume then
-      redis.call('SET', KEYS[i], after[i], 'PX', math.ceil(b / 1000))
-    end
+    redis.call('SET', KEYS[i], after[i], 'PX', math.ceil(b / 1000))
   end
   out[3 * i] = tostring(tonumber(ARGV[3 * i - 1]) - b / interval[i])
   out[3 * i + 1] = b
