@@ -1,4 +1,4 @@
-import type { BucketSpec, LeaseReply } from './store.js'
+import { wholeTokens, type BucketSpec, type LeaseReply } from './store.js'
 import type { Decision, Policy } from './types.js'
 
 /** Lease settings of a policy: batch size and the longest a batch is kept. */
@@ -50,7 +50,7 @@ export class LeaseBook {
       return {
         allowed: true,
         limit: policy.capacity,
-        remaining: Math.floor(Math.min(policy.capacity, lease.bucketLeft + lease.left) + 1e-9),
+        remaining: wholeTokens(Math.min(policy.capacity, lease.bucketLeft + lease.left)),
         resetMs,
         retryAfterMs: 0,
         source: 'cache',

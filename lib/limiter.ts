@@ -10,7 +10,7 @@ import {
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import { RedisStore } from './redis-store.js'
-import type { BucketSpec, StoreReply } from './store.js'
+import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
 
 /** Internal entry of the Fastify layer: one cost per policy, already checked. */
@@ -165,7 +165,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       const reply = await guard.run(() => store.lease(spec, Math.max(spec.cost, lease.tokens), spent), policy.timeout ?? defaultTimeout, specs)
       if (reply.taken > 0) leases.add(spec, reply)
       const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
-      const decision = summarize([policy], { allowed: reply.taken > 0, nowUs: reply.nowUs, buckets: [bucket] }, 'store')
+      const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
       if (!decision.allowed) denials?.set(spec.key, specs, decision, sentAt)
       return decision
     } catch {
@@ -234,7 +234,7 @@ function summarize (list: readonly Policy[], reply: StoreReply, source: Decision
     const decision: Decision = {
       allowed: bucket.waitUs === 0,
       limit: policy.capacity,
-      remaining: Math.max(0, Math.floor(bucket.remaining + 1e-9)),
+      remaining: wholeTokens(bucket.remaining),
       resetMs: bucket.fullInUs / 1000,
       retryAfterMs: bucket.waitUs / 1000,
       source,

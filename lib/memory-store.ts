@@ -1,4 +1,4 @@
-import type { BucketSpec, BucketState, Store, StoreReply } from './store.js'
+import { bucketState, type BucketSpec, type BucketState, type Store, type StoreReply } from './store.js'
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -13,9 +13,9 @@ export interface MemoryStoreOptions {
 }
 
 /**
- * The token bucket in process memory, with the same encoding and the same
- * decisions as lua/token-bucket.lua: one number per bucket, the microsecond
- * at which it is full again. Correct for one process only.
+ * The token bucket in process memory, with the same encoding, arithmetic
+ * and rounding as lua/token-bucket.lua: one number per bucket, the
+ * microsecond at which it is full again. Correct for one process only.
  *
  * Size-capped: past `maxKeys` the least recently written bucket is dropped,
  * which makes it full again (the cap trades a little over-admission for
@@ -38,31 +38,30 @@ export class MemoryStore implements Store {
 
   decideSync (specs: readonly BucketSpec[], consume: boolean): StoreReply {
     const now = this.#now()
-    const buckets: BucketState[] = []
-    const after: number[] = []
+    const values: number[] = []
     let allowed = true
     for (const spec of specs) {
       const step = 1e6 / spec.refillPerSecond
-      let full = this.#fullAt.get(spec.key) ?? now
-      if (full < now) full = now
-      const spent = full + spec.cost * step
-      const over = spent - now - spec.capacity * step
-      const waitUs = over > 0 ? Math.ceil(over) : 0
-      if (waitUs > 0) allowed = false
-      after.push(Math.ceil(spent))
-      buckets.push({ remaining: 0, fullInUs: full - now, waitUs })
-    }
-    for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i] as BucketSpec
-      const state = buckets[i] as BucketState
-      if (allowed && consume) {
-        const full = after[i] as number
-        state.fullInUs = full - now
-        this.#write(spec.key, full)
+      const busy = Math.max(0, (this.#fullAt.get(spec.key) ?? now) - now)
+      const over = busy + spec.cost * step - spec.capacity * step
+      if (over > 0) {
+        allowed = false
+        values.push(-Math.ceil(over))
+      } else {
+        values.push(busy)
       }
-      state.remaining = spec.capacity - state.fullInUs / (1e6 / spec.refillPerSecond)
     }
-    return { allowed, nowUs: now, buckets }
+    if (allowed && consume) {
+      for (let i = 0; i < specs.length; i++) {
+        const spec = specs[i] as BucketSpec
+        const busy = Math.ceil((values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+        values[i] = busy
+        this.#write(spec.key, now + busy)
+      }
+    }
+    const buckets: BucketState[] = []
+    for (let i = 0; i < specs.length; i++) buckets.push(bucketState(values[i] as number, specs[i] as BucketSpec))
+    return { allowed, buckets }
   }
 
   async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Result } from 'ioredis'
 import { StoreError } from './errors.js'
-import type { BucketSpec, BucketState, LeaseReply, LeaseStore, Store, StoreReply } from './store.js'
+import { bucketState, type BucketSpec, type BucketState, type LeaseReply, type LeaseStore, type Store, type StoreReply } from './store.js'
 import type { RedisClient } from './types.js'
 
 const LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.url), 'utf8')
@@ -21,6 +21,7 @@ function commandName (lua: string): `tollgate_${string}` {
 }
 
 type ScriptReply = Array<string | number>
+
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
@@ -61,16 +62,15 @@ export class RedisStore implements Store, LeaseStore {
     for (const spec of specs) args.push(spec.key)
     args.push(consume ? '1' : '0')
     for (const spec of specs) args.push(spec.capacity, spec.refillPerSecond, spec.cost)
-    const reply = await this.#redis[SCRIPT_COMMAND]!(specs.length, ...args)
+    const reply = await this.#redis[SCRIPT_COMMAND]!(specs.length, ...args) as number[]
     const buckets: BucketState[] = []
+    let allowed = true
     for (let i = 0; i < specs.length; i++) {
-      buckets.push({
-        remaining: Number(reply[3 * i + 2]),
-        fullInUs: Number(reply[3 * i + 3]),
-        waitUs: Number(reply[3 * i + 4])
-      })
+      const value = reply[i] as number
+      if (value < 0) allowed = false
+      buckets.push(bucketState(value, specs[i] as BucketSpec))
     }
-    return { allowed: reply[0] === 1, nowUs: Number(reply[1]), buckets }
+    return { allowed, buckets }
   }
 
   async lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply> {

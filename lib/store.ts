@@ -19,9 +19,19 @@ export interface BucketState {
 export interface StoreReply {
   /** True when every bucket could afford its cost (and, when consuming, all were spent). */
   allowed: boolean
-  /** The store's clock at the decision, microseconds. */
-  nowUs: number
   buckets: BucketState[]
+}
+
+/**
+ * A bucket's state from the script's reply value (see lua/token-bucket.lua):
+ * >= 0, the microseconds until full of a bucket that could afford its cost;
+ * < 0, minus the microseconds until it can.
+ */
+export function bucketState (value: number, spec: BucketSpec): BucketState {
+  const step = 1e6 / spec.refillPerSecond
+  if (value >= 0) return { remaining: spec.capacity - value / step, fullInUs: value, waitUs: 0 }
+  const fullInUs = (spec.capacity - spec.cost) * step - value
+  return { remaining: spec.capacity - fullInUs / step, fullInUs, waitUs: -value }
 }
 
 /**
@@ -38,6 +48,7 @@ export interface Store {
 export interface LeaseReply {
   /** Tokens taken: 0 when the bucket could not afford the least amount. */
   taken: number
+  /** Redis's clock at the call, microseconds. */
   nowUs: number
   bucket: BucketState
 }
@@ -45,4 +56,14 @@ export interface LeaseReply {
 /** A store that can lend tokens in batches (see lua/lease.lua). */
 export interface LeaseStore {
   lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply>
+}
+
+/**
+ * Whole tokens for display: the floor, after adding a thousandth of a token
+ * that absorbs the microsecond rounding of the stored full-at time (each
+ * write rounds it up by less than a microsecond, so 2 tokens may come back
+ * as 1.999994).
+ */
+export function wholeTokens (tokens: number): number {
+  return Math.max(0, Math.floor(tokens + 1e-3))
 }

@@ -30,39 +30,39 @@
 -- let the fleet spend more than the bucket allows.
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000000 + t[2]
 local capacity = tonumber(ARGV[1])
-local step = 1000000 / tonumber(ARGV[2])
+local step = 1000000 / ARGV[2]
 local least = tonumber(ARGV[3])
 local most = tonumber(ARGV[4])
 local back = tonumber(ARGV[5])
 
+-- As in token-bucket.lua, all arithmetic is relative to now.
 local stored = tonumber(redis.call('GET', KEYS[1]))
-local full = stored or now
-if full < now then full = now end
+local busy = (stored or now) - now
+if busy < 0 then busy = 0 end
 if back > 0 then
-  full = math.max(now, math.ceil(full - back * step))
+  busy = math.max(0, math.ceil(busy - back * step))
 end
 
-local available = capacity - (full - now) / step
 local taken = 0
 local wait = 0
 if least > 0 then
-  local over = full + least * step - now - capacity * step
+  local over = busy + least * step - capacity * step
   if over <= 0 then
-    taken = math.max(least, math.min(most, math.floor(available)))
-    full = math.ceil(full + taken * step)
+    taken = math.max(least, math.min(most, math.floor(capacity - busy / step)))
+    busy = math.ceil(busy + taken * step)
   else
     wait = math.ceil(over)
   end
 end
 
 if taken > 0 or back > 0 then
-  if full > now then
-    redis.call('SET', KEYS[1], full, 'PX', math.ceil((full - now) / 1000))
+  if busy > 0 then
+    redis.call('PSETEX', KEYS[1], math.ceil(busy / 1000) + 1, now + busy)
   elseif stored ~= nil then
     redis.call('DEL', KEYS[1])
   end
 end
 
-return { tostring(taken), now, tostring(capacity - (full - now) / step), full - now, wait }
+return { tostring(taken), now, tostring(capacity - busy / step), busy, wait }

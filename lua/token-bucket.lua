@@ -7,9 +7,11 @@
 --     tokens = capacity - max(0, F - now) / T
 -- which is exactly the token count of a plain token bucket that refills
 -- continuously and is capped at capacity. Spending c tokens moves F to
--- max(F, now) + c * T. A missing key, or F <= now, is a full bucket. The
--- new F is rounded up to a whole microsecond: rounding can only ever take
--- away less than one microsecond of refill, never give it.
+-- max(F, now) + c * T. A missing key, or F <= now, is a full bucket.
+-- All arithmetic is done relative to now (F - now is small), since a
+-- double holding a clock near 1.8e15 us is only exact to a quarter of a
+-- microsecond. The new F is rounded up to a whole microsecond: each write
+-- can take away less than one microsecond of refill, never give any.
 --
 -- KEYS[i]        bucket key of policy i; all keys share the client's hash tag,
 --                so in Redis Cluster the whole call runs on one node
@@ -18,65 +20,56 @@
 -- ARGV[3i]       refill of policy i, tokens per second (> 0)
 -- ARGV[3i+1]     cost of policy i, tokens (> 0, <= capacity)
 --
--- Returns a flat array:
---   [1]          1 when every policy could afford its cost (and, in consume
---                mode, all of them were spent), else 0 and nothing was spent
---   [2]          Redis's clock at the decision, microseconds
---   then for each policy i, three entries:
---   remaining    tokens left after this decision, as a string (fractions kept);
---                a peek reports the tokens there are, without spending
---   full in      microseconds until this bucket is full again (integer)
---   wait         microseconds until `cost` tokens are available; 0 when this
---                policy could afford it (integer)
+-- Returns one integer per policy, in KEYS order:
+--   >= 0   the bucket can afford its cost; the value is the microseconds
+--          until it is full again: after spending when every policy could
+--          afford its cost and the mode is consume, else as it is now
+--   < 0    the bucket cannot afford its cost; minus the microseconds until
+--          it can (nothing was spent on any bucket)
+-- The request is allowed when no value is negative. The caller derives the
+-- tokens left, fractions kept, as capacity - value / T for a bucket that
+-- could afford, and capacity - cost - wait / T for one that could not:
+-- microseconds are an exact scaled integer for the token count (Redis
+-- would truncate a fractional Lua number in a reply).
 --
 -- Why TIME: the clock is read here, inside the script, so every app server
 -- of a fleet uses the same clock; an app server whose clock runs fast gains
 -- nothing, because it has no way to pass its own time in. Since Redis 5,
 -- scripts replicate their effects, so reading TIME is safe.
 --
--- TTL: each written key expires when its bucket would be full again, rounded
--- up to the next millisecond: that rounding is the margin. A full bucket and
--- a missing key are the same thing, so a key that expires at or after that
--- moment changes no decision, and Redis holds keys only for clients that
--- spent something recently.
+-- TTL: each written key expires one millisecond after its bucket is full
+-- again, rounded up (PX counts whole milliseconds from Redis's millisecond
+-- clock, which drops the microseconds of now; the extra millisecond covers
+-- them). A full bucket and a missing key are the same thing, so the expiry
+-- changes no decision, and Redis holds keys only for clients that spent
+-- something recently.
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local consume = ARGV[1] == '1'
-local n = #KEYS
+local now = t[1] * 1000000 + t[2]
+local out = {}
+local allowed = true
 
-local busy, after, wait, interval = {}, {}, {}, {}
-local allowed = 1
-
-for i = 1, n do
+for i = 1, #KEYS do
   local a = 3 * i - 1
-  local capacity = tonumber(ARGV[a])
-  local step = 1000000 / tonumber(ARGV[a + 1])
-  local full = tonumber(redis.call('GET', KEYS[i]))
-  if full == nil or full < now then full = now end
-  local spent = full + tonumber(ARGV[a + 2]) * step
-  local over = spent - now - capacity * step
-  interval[i] = step
-  busy[i] = full - now
-  after[i] = math.ceil(spent)
+  local step = 1000000 / ARGV[a + 1]
+  local busy = (tonumber(redis.call('GET', KEYS[i])) or now) - now
+  if busy < 0 then busy = 0 end
+  local over = busy + ARGV[a + 2] * step - ARGV[a] * step
   if over > 0 then
-    allowed = 0
-    wait[i] = math.ceil(over)
+    allowed = false
+    out[i] = -math.ceil(over)
   else
-    wait[i] = 0
+    out[i] = busy
   end
 end
 
-local out = { allowed, now }
-for i = 1, n do
-  local b = busy[i]
-  if allowed == 1 and consume then
-    b = after[i] - now
-    redis.call('SET', KEYS[i], after[i], 'PX', math.ceil(b / 1000))
+if allowed and ARGV[1] == '1' then
+  for i = 1, #KEYS do
+    local a = 3 * i - 1
+    local busy = math.ceil(out[i] + ARGV[a + 2] * 1000000 / ARGV[a + 1])
+    out[i] = busy
+    redis.call('PSETEX', KEYS[i], math.ceil(busy / 1000) + 1, now + busy)
   end
-  out[3 * i] = tostring(tonumber(ARGV[3 * i - 1]) - b / interval[i])
-  out[3 * i + 1] = b
-  out[3 * i + 2] = wait[i]
 end
 
 return out
