@@ -58,11 +58,12 @@ export class Guard {
 
   /** Any store call through the deadline and the breaker; rejects with a StoreError. */
   async run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
+    let probe = false
     if (this.#openUntil !== 0) {
       if (Date.now() < this.#openUntil || this.#probing) {
         throw new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open')
       }
-      this.#probing = true
+      this.#probing = probe = true
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
     }
     let reply: T
@@ -74,7 +75,7 @@ export class Guard {
         this.#succeeded()
         this.#logger?.error({ err, keys: specs.map((s) => s.key) }, 'rate limit key holds a value of the wrong type')
       } else {
-        this.#failed(err)
+        this.#failed(err, probe)
       }
       throw err
     }
@@ -96,18 +97,20 @@ export class Guard {
     this.#fallbacks[source]++
   }
 
-  #failed (err: StoreError): void {
+  #failed (err: StoreError, probe: boolean): void {
     this.#failures++
-    const wasProbing = this.#probing
-    this.#probing = false
+    if (probe) this.#probing = false
     if (this.#failingSince === 0) {
       this.#failingSince = Date.now()
       this.#logger?.warn({ err }, 'rate limit store failing; limits follow their failure modes')
       if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'failing', error: err })
     }
-    if (wasProbing || this.#failures >= this.#breaker.failures) {
+    // Opens on the threshold, or again when its probe fails; calls that were
+    // already in flight and fail while it is open change nothing.
+    if (probe || (this.#openUntil === 0 && this.#failures >= this.#breaker.failures)) {
       this.#openUntil = Date.now() + this.#breaker.cooldownMs
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'open', cooldownMs: this.#breaker.cooldownMs })
+      this.#store.recover?.()
     }
   }
 

@@ -15,9 +15,12 @@ import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from '
 
 /** Internal entry of the Fastify layer: one cost per policy, already checked. */
 export const kDecide = Symbol('tollgate.decide')
+/** Internal: loads the scripts (on every master of a Cluster) ahead of the first decision. */
+export const kWarm = Symbol('tollgate.warm')
 
 export interface CoreLimiter extends Limiter {
   [kDecide](clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+  [kWarm](): Promise<void>
 }
 
 /** Published for every decision: `{ key, decision }`. */
@@ -197,6 +200,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
 
   return {
     [kDecide]: decide,
+    [kWarm]: async () => { await redis?.warm() },
     consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
     peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
     async reset (clientKey, bucket) {

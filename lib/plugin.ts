@@ -3,7 +3,7 @@ import fp from 'fastify-plugin'
 import { BadRequestInputError, RateLimitedError, UnavailableError, describe, optionError } from './errors.js'
 import { PolicyHeaders, retrySeconds, setHeaders, type HeaderMode } from './headers.js'
 import { ipIdentity } from './keys.js'
-import { checkPolicy, createLimiter, kDecide, type CoreLimiter } from './limiter.js'
+import { checkPolicy, createLimiter, kDecide, kWarm, type CoreLimiter } from './limiter.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
@@ -88,7 +88,9 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   if (options.redis === undefined) {
     app.log.warn('tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
   } else {
+    const started = Date.now()
     await waitReady(options.redis, START_WAIT_MS)
+    if (options.redis.status === 'ready') await within(limiter[kWarm](), START_WAIT_MS - (Date.now() - started))
   }
 
   const merged = new WeakMap<object, Policy>()
@@ -277,7 +279,8 @@ function routeName (route: RouteOptions): string {
 
 /**
  * Waits, up to `ms`, for the client to be connected, so that the first
- * requests after `listen` are decided by Redis. A client created with
+ * requests after `listen` are decided by Redis (then, within the same
+ * budget, the scripts are loaded on every master). A client created with
  * `lazyConnect` is asked to connect, since the limiter sends nothing to a
  * client that is not connected.
  */
@@ -293,6 +296,13 @@ async function waitReady (redis: NonNullable<TollgateOptions['redis']>, ms: numb
     const timer = setTimeout(done, ms)
     redis.on('ready', done)
   })
+}
+
+/** Waits for `promise` at most `ms` (never rejects). */
+async function within (promise: Promise<void>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined
+  await Promise.race([promise, new Promise<void>((resolve) => { timer = setTimeout(resolve, Math.max(0, ms)) })])
+  clearTimeout(timer)
 }
 
 export default fp(tollgate, { fastify: '5.x', name: 'tollgate' })

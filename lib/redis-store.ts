@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import type { Result } from 'ioredis'
+import type { Cluster, Redis, Result } from 'ioredis'
 import { StoreError } from './errors.js'
 import { bucketState, type BucketSpec, type BucketState, type LeaseReply, type LeaseStore, type Store, type StoreReply } from './store.js'
 import type { RedisClient } from './types.js'
@@ -18,6 +18,10 @@ export const LEASE_COMMAND = commandName(LEASE_LUA)
 
 function commandName (lua: string): `tollgate_${string}` {
   return `tollgate_${createHash('sha1').update(lua).digest('hex').slice(0, 12)}`
+}
+
+function isCluster (redis: RedisClient): redis is Cluster {
+  return redis.isCluster
 }
 
 type ScriptReply = Array<string | number>
@@ -81,6 +85,27 @@ export class RedisStore implements Store, LeaseStore {
       nowUs: Number(reply[1]),
       bucket: { remaining: Number(reply[2]), fullInUs: Number(reply[3]), waitUs: Number(reply[4]) }
     }
+  }
+
+  /**
+   * A Cluster client keeps sending a slot to a master that hangs (its socket
+   * stays open) until its slot map is refreshed, even after a replica took
+   * over: refresh it whenever the breaker opens.
+   */
+  recover (): void {
+    const redis = this.#redis
+    if (isCluster(redis)) redis.refreshSlotsCache(() => {})
+  }
+
+  /**
+   * Loads the scripts on every master, which also opens the connections, so
+   * the first decisions after start-up need neither. Failures are ignored:
+   * the failure modes cover a store that is not there yet.
+   */
+  async warm (): Promise<void> {
+    const redis = this.#redis
+    const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
+    await Promise.allSettled(nodes.flatMap((node) => [LUA, LEASE_LUA].map((lua) => node.script('LOAD', lua))))
   }
 
   async reset (key: string): Promise<void> {

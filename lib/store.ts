@@ -42,6 +42,8 @@ export function bucketState (value: number, spec: BucketSpec): BucketState {
 export interface Store {
   decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply>
   reset (key: string): Promise<void>
+  /** Called when the breaker opens: a chance to repair routing (Redis Cluster). */
+  recover? (): void
 }
 
 /** A batch of tokens taken from one bucket. */
