@@ -1,0 +1,110 @@
+// One app server of a fleet, in its own process: Fastify, the tollgate
+// plugin and its own ioredis client (Redis or Cluster), once per configured
+// store. Started by test/helpers/fleet.ts with fork(); configured by the
+// JSON in TOLLGATE_FLEET (a FleetServerConfig). Reports `{ port }` over IPC once it
+// listens, stops on the 'stop' message, and exits if its parent goes away.
+//
+// Routes:
+//   GET /<label>/hit  for each configured store: limited by one policy on the
+//                     configured bucket, through that store; the client is
+//                     the `x-client` header (default 'fleet'); answers the
+//                     decision's source
+//   GET /clock        not limited; this process's Date.now() and performance.now()
+
+import Fastify from 'fastify'
+import { Cluster, Redis } from 'ioredis'
+import tollgate, { SCRIPT_COMMAND, type RedisClient } from '../../lib/index.js'
+import type { FleetServerConfig } from './fleet.js'
+import { LUA } from './model.js'
+import { clockTrustingScript } from './naive.js'
+
+const config = JSON.parse(process.env.TOLLGATE_FLEET ?? 'null') as FleetServerConfig | null
+if (config === null) throw new Error('TOLLGATE_FLEET is not set: start this file through test/helpers/fleet.ts')
+
+if (config.clockSkewMs !== undefined) shiftClock(config.clockSkewMs)
+
+/**
+ * Moves this process's clocks `ms` ahead: Date.now(), new Date() and
+ * performance.now(), everything lib could read time from.
+ */
+function shiftClock (ms: number): void {
+  const RealDate = Date
+  const realNow = RealDate.now.bind(RealDate)
+  class ShiftedDate extends RealDate {
+    constructor (...args: unknown[]) {
+      if (args.length === 0) super(realNow() + ms)
+      else super(...(args as [string | number]))
+    }
+
+    static override now (): number {
+      return realNow() + ms
+    }
+  }
+  globalThis.Date = ShiftedDate as DateConstructor
+  const realPerf = performance.now.bind(performance)
+  performance.now = () => realPerf() + ms
+}
+
+/**
+ * The script variant that takes `now` from this process (see naive.ts),
+ * installed under tollgate's command name. Works on Redis and Cluster alike:
+ * EVALSHA/EVAL are routed by their first key.
+ */
+function trustAppClock (redis: RedisClient): void {
+  const variant = clockTrustingScript(LUA)
+  redis[SCRIPT_COMMAND] = async (...args: Array<string | number>): Promise<Array<string | number>> => {
+    const [numKeys = 0, ...rest] = args
+    return await redis.eval(variant, numKeys, ...rest, Date.now() * 1000) as Array<string | number>
+  }
+}
+
+const app = Fastify()
+const clients: RedisClient[] = []
+for (const [label, store] of Object.entries(config.stores)) {
+  const redis: RedisClient = store.cluster === undefined
+    ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
+    : new Cluster(store.cluster, store.clusterOptions ?? {})
+  redis.on('error', () => {})
+  if (store.trustAppClock === true) trustAppClock(redis)
+  clients.push(redis)
+  await app.register(async (scope) => {
+    await scope.register(tollgate, {
+      redis,
+      prefix: config.prefix,
+      capacity: config.capacity,
+      refillPerSecond: config.refillPerSecond,
+      failureMode: config.failureMode,
+      timeout: config.timeout,
+      global: false,
+      key: (request) => {
+        const client = request.headers['x-client']
+        return typeof client === 'string' ? client : 'fleet'
+      }
+    })
+    scope.get('/hit', { config: { rateLimit: { bucket: config.bucket } } }, async (request) => ({
+      server: config.name,
+      source: request.rateLimit?.source
+    }))
+  }, { prefix: `/${label}` })
+}
+app.get('/clock', async () => ({ now: Date.now(), perf: performance.now() }))
+await app.listen({ host: '127.0.0.1', port: 0 })
+const address = app.server.address()
+const port = typeof address === 'object' && address !== null ? address.port : 0
+
+let stopping: Promise<void> | undefined
+function stop (): Promise<void> {
+  stopping ??= (async () => {
+    await app.close()
+    for (const redis of clients) redis.disconnect()
+    process.disconnect?.()
+  })()
+  return stopping
+}
+
+process.on('message', (message) => {
+  if (message === 'stop') void stop()
+})
+// The parent died or closed the channel: nobody will ever ask us to stop.
+process.on('disconnect', () => { void stop() })
+process.send?.({ port })
