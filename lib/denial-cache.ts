@@ -2,6 +2,7 @@ import type { BucketSpec } from './store.js'
 import type { Decision } from './types.js'
 
 interface Denial {
+  keys: readonly string[]
   /** performance.now() at which the store may allow again. */
   until: number
   /** performance.now() when the denied call was sent. */
@@ -55,14 +56,14 @@ export class DenialCache {
   set (id: string, specs: readonly BucketSpec[], decision: Decision, sentAt: number): void {
     const entries = this.#entries
     entries.delete(id)
-    entries.set(id, { until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
+    entries.set(id, { keys: specs.map((s) => s.key), until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
     if (entries.size > this.#maxKeys) entries.delete(entries.keys().next().value as string)
   }
 
   /** Drops every denial that involves `key`. */
   forget (key: string): void {
-    for (const id of this.#entries.keys()) {
-      if (id === key || id.split('\n').includes(key)) this.#entries.delete(id)
+    for (const [id, entry] of this.#entries) {
+      if (entry.keys.includes(key)) this.#entries.delete(id)
     }
   }
 

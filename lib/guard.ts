@@ -92,9 +92,9 @@ export class Guard {
     }
   }
 
-  /** Counts a decision made without the store, for the recovery log line. */
+  /** Counts a decision made without the store during an outage, for the recovery log line. */
   fellBack (source: FallbackSource): void {
-    this.#fallbacks[source]++
+    if (this.#failingSince !== 0) this.#fallbacks[source]++
   }
 
   #failed (err: StoreError, probe: boolean): void {

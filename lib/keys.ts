@@ -22,7 +22,8 @@ export function bucketKey (prefix: string, client: string, bucket: string): stri
 }
 
 /**
- * An IP address as a client identity: IPv4-mapped IPv6 becomes plain IPv4,
+ * An IP address as a client identity: IPv4-mapped IPv6 (in any notation)
+ * becomes plain IPv4,
  * other IPv6 addresses are reduced to their first `subnet` bits, written as
  * eight hex groups, so one host cannot rotate through the addresses of its
  * own /64 to get fresh buckets.
@@ -33,6 +34,11 @@ export function ipIdentity (ip: string, subnet: number): string {
   if (lower.startsWith('::ffff:') && lower.includes('.')) return lower.slice(7)
   if (!isIPv6(lower)) return ip
   const groups = expandIPv6(lower)
+  if (groups[5] === 0xffff && groups.slice(0, 5).every((g) => g === 0)) {
+    const high = groups[6] as number
+    const low = groups[7] as number
+    return `${high >> 8}.${high & 0xff}.${low >> 8}.${low & 0xff}`
+  }
   const out: string[] = []
   for (let i = 0; i < 8; i++) {
     const keep = Math.max(0, Math.min(16, subnet - 16 * i))

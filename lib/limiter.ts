@@ -263,6 +263,6 @@ function failed (list: readonly Policy[], source: 'fail-open' | 'fail-closed', r
     source,
     bucket: policy.bucket
   }))
-  const chosen = decisions.find((d, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
+  const chosen = decisions.find((_, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
   return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
 }

@@ -8,7 +8,7 @@ import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
-import type { Decision, Policy } from './types.js'
+import type { Policy } from './types.js'
 import type { RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
@@ -98,8 +98,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     let core = merged.get(policy)
     if (core === undefined) {
       if (!isRecord(policy)) throw optionError('policy', policy, 'a policy object')
-      core = toPolicy({ ...defaults, ...policy }, policy.bucket, 'policy.')
-      if (typeof core.cost !== 'number' && core.cost !== undefined) throw optionError('policy.cost', core.cost, 'a number here')
+      if (typeof policy.cost === 'function') throw optionError('policy.cost', policy.cost, 'a number (pass a computed cost as the third argument)')
+      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
       merged.set(policy, core)
     }
     return core
@@ -114,11 +114,16 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
 
+  // The HEAD route Fastify adds for a route with GET spends from that route's bucket.
+  const getRoutes = new Map<string, string>()
   app.addHook('onRoute', (route) => {
     const config = (route.config as { rateLimit?: unknown } | undefined)?.rateLimit
     if (config === false) return
     if (config === undefined && !global) return
-    const limit = compileRoute(route, config, defaults)
+    let name = routeName(route)
+    if (route.method === 'HEAD') name = getRoutes.get(route.url) ?? name
+    else if (name.startsWith('GET') || name.includes(',GET')) getRoutes.set(route.url, name)
+    const limit = compileRoute(name, config, defaults)
     const hook = routeHook(limit, limiter, subnet)
     const where = (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as 'onRequest' | 'preHandler'
     const existing = route[where]
@@ -185,8 +190,7 @@ async function run<T> (limit: RouteLimit, what: string, fn: (request: FastifyReq
 }
 
 /** Resolves a route's `config.rateLimit` (object, array or undefined) over the plugin's defaults. */
-function compileRoute (route: RouteOptions, config: unknown, defaults: RoutePolicy): RouteLimit {
-  const name = routeName(route)
+function compileRoute (name: string, config: unknown, defaults: RoutePolicy): RouteLimit {
   const where = `config.rateLimit of ${name}: `
   const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
   if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')
@@ -248,6 +252,9 @@ function toPolicy (merged: RoutePolicy, bucket: string, where: string): Policy {
 function checkDefaults (defaults: RoutePolicy, where: string): void {
   if (typeof defaults.cost === 'number' && defaults.capacity !== undefined && defaults.cost > defaults.capacity) {
     throw optionError(where + 'cost', defaults.cost, `at most capacity (${defaults.capacity})`)
+  }
+  if (defaults.lease !== undefined && defaults.capacity !== undefined && defaults.lease.tokens > defaults.capacity) {
+    throw optionError(where + 'lease.tokens', defaults.lease.tokens, `at most capacity (${defaults.capacity})`)
   }
   if (defaults.failureMode === 'local' && defaults.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")

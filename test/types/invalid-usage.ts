@@ -1,0 +1,100 @@
+// Type fixture, compiled by test/types.test.ts and by `npm run typecheck`:
+// every line after an `@ts-expect-error` marker must be a type error. The
+// markers keep this file clean for the compiler (an unused marker is itself
+// an error); test/types.test.ts also compiles it with the markers disarmed
+// and checks that exactly the marked lines fail. Never executed.
+
+import type { FastifyInstance } from 'fastify'
+import tollgate, { createLimiter, type RoutePolicy } from '../../lib/index.js'
+
+export async function invalidUsage (app: FastifyInstance): Promise<void> {
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error capacity is a number, not a string
+    capacity: '10'
+  })
+  await app.register(tollgate, {
+    // @ts-expect-error not a failure mode
+    failureMode: 'maybe'
+  })
+  // @ts-expect-error failureMode is required
+  await app.register(tollgate, { capacity: 10, refillPerSecond: 1 })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error not a header mode
+    headers: 'draft-7'
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error not a hook the plugin supports
+    hook: 'preValidation'
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error unknown option (a typo of capacity)
+    capacty: 10
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error redis is a client, not a URL
+    redis: 'redis://127.0.0.1:6379'
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error key returns a string
+    key: () => 42
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error cost returns a number
+    cost: () => '2'
+  })
+  await app.register(tollgate, {
+    failureMode: 'local',
+    // @ts-expect-error local.capacity is a number
+    local: { capacity: '1', refillPerSecond: 1 }
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error ipv6Subnet is a number
+    ipv6Subnet: '56'
+  })
+  await app.register(tollgate, {
+    failureMode: 'open',
+    // @ts-expect-error global is a boolean
+    global: 'yes'
+  })
+
+  // @ts-expect-error route capacity is a number
+  app.get('/a', { config: { rateLimit: { capacity: '5' } } }, async () => 'x')
+  // @ts-expect-error route header mode
+  app.get('/b', { config: { rateLimit: { headers: 'draft-7' } } }, async () => 'x')
+  // @ts-expect-error route failure mode
+  app.get('/c', { config: { rateLimit: { failureMode: 'maybe' } } }, async () => 'x')
+  // @ts-expect-error route key returns a string
+  app.get('/d', { config: { rateLimit: { key: () => 42 } } }, async () => 'x')
+  // Fastify infers the route's config type from the literal, which hides
+  // errors in array members, `true` and unknown names; `satisfies` restores them.
+  // @ts-expect-error array member capacity is a number
+  app.get('/e', { config: { rateLimit: [{ bucket: 'x', capacity: '5' }] satisfies RoutePolicy[] } }, async () => 'x')
+  // @ts-expect-error unknown route option
+  app.get('/f', { config: { rateLimit: { capacty: 5 } satisfies RoutePolicy } }, async () => 'x')
+
+  app.get('/g', async (request) => {
+    // @ts-expect-error request.rateLimit is undefined when no limit applied
+    return request.rateLimit.remaining
+  })
+  // @ts-expect-error a programmatic policy names its bucket
+  await app.tollgate.consume('user:1', { capacity: 3 })
+  // @ts-expect-error the cost argument is a number
+  await app.tollgate.consume('user:1', { bucket: 'login' }, '2')
+  // @ts-expect-error the client key is a string
+  await app.tollgate.peek(42, { bucket: 'login' })
+
+  // @ts-expect-error timeout is a number
+  const limiter = createLimiter({ timeout: '10' })
+  // @ts-expect-error a core policy needs its failureMode
+  await limiter.consume('k', { bucket: 'b', capacity: 1, refillPerSecond: 1 })
+  // @ts-expect-error no such failure mode
+  await limiter.consume('k', { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'retry' })
+}

@@ -1,0 +1,97 @@
+// Type fixture, compiled by test/types.test.ts and by `npm run typecheck`:
+// every use of the public types below must compile with zero diagnostics.
+// It is never executed (it only exports a function).
+
+import Fastify, { type FastifyRequest } from 'fastify'
+import { Cluster, Redis } from 'ioredis'
+import tollgate, {
+  createLimiter,
+  type Decision,
+  type DecisionSource,
+  type Limiter,
+  type Policy,
+  type RoutePolicy,
+  type TollgateOptions
+} from '../../lib/index.js'
+
+export async function validUsage (): Promise<void> {
+  const app = Fastify()
+  await app.register(tollgate, {
+    redis: new Redis(),
+    capacity: 100,
+    refillPerSecond: 10,
+    failureMode: 'open'
+  })
+
+  // Every option, with the function options reading the request.
+  const all: TollgateOptions = {
+    redis: new Cluster([{ host: '127.0.0.1', port: 7000 }]),
+    capacity: 5,
+    refillPerSecond: 0.5,
+    cost: async (request: FastifyRequest) => request.url.length > 10 ? 2 : 1,
+    failureMode: 'local',
+    local: { capacity: 2, refillPerSecond: 0.1 },
+    key: (request) => request.headers['x-api-key'] as string,
+    bucket: 'api',
+    timeout: 25,
+    headers: 'draft-10',
+    global: false,
+    hook: 'preHandler',
+    allow: async (request) => request.ip === '127.0.0.1',
+    prefix: 'my-app',
+    ipv6Subnet: 64,
+    breaker: { failures: 3 }
+  }
+  await app.register(tollgate, all)
+  await app.register(tollgate, { failureMode: 'closed', headers: false })
+  await app.register(tollgate, { failureMode: 'open', headers: 'legacy', hook: 'onRequest', cost: 2 })
+
+  // Route config: an object over the defaults, an array, or false.
+  app.get('/search', { config: { rateLimit: { capacity: 20, refillPerSecond: 2 } } }, async (request) => {
+    const decision: Decision | undefined = request.rateLimit
+    if (decision === undefined) return 'not limited'
+    const left: number = decision.remaining
+    const source: DecisionSource = decision.source
+    const each: readonly Decision[] | undefined = decision.policies
+    return { left, source, each, retry: decision.retryAfterMs, reset: decision.resetMs, limit: decision.limit }
+  })
+  app.post('/pay', { config: { rateLimit: { capacity: 5, refillPerSecond: 0.1, failureMode: 'closed' } } }, async () => 'paid')
+  app.get('/health', { config: { rateLimit: false } }, async () => 'ok')
+  app.get('/tiered', {
+    config: {
+      rateLimit: [
+        { bucket: 'burst', capacity: 10, refillPerSecond: 5 },
+        { bucket: 'daily', capacity: 1000, refillPerSecond: 0.01, cost: (request) => Number(request.headers['x-units']) }
+      ]
+    }
+  }, async () => 'x')
+  app.route({
+    method: 'POST',
+    url: '/login',
+    config: { rateLimit: { hook: 'preHandler', key: (request) => (request.body as { user: string }).user } },
+    handler: async (request, reply) => {
+      const { user } = request.body as { user: string }
+      const decision = await app.tollgate.consume(`user:${user}`, { bucket: 'login', capacity: 5 })
+      if (!decision.allowed) return await reply.code(429).send({ retryInMs: decision.retryAfterMs })
+      await app.tollgate.consume(`user:${user}`, { bucket: 'login' }, 2)
+      const peeked: Decision = await app.tollgate.peek(`user:${user}`, { bucket: 'login' })
+      await app.tollgate.reset(`user:${user}`, 'login')
+      const core: Limiter = app.tollgate.limiter
+      return { peeked, state: core.state }
+    }
+  })
+  const shared = { capacity: 3 } satisfies RoutePolicy
+  app.get('/shared', { config: { rateLimit: shared } }, async () => 'x')
+
+  // The core, framework-free.
+  const limiter = createLimiter({ redis: new Redis(), prefix: 'core', timeout: 10, breaker: { cooldownMs: 500 } })
+  const inProcess: Limiter = createLimiter()
+  const policy: Policy = { bucket: 'b', capacity: 10, refillPerSecond: 1, failureMode: 'local', local: { capacity: 2, refillPerSecond: 1 } }
+  const one: Decision = await limiter.consume('client', policy)
+  const many: Decision = await limiter.consume('client', [policy, { ...policy, bucket: 'c', cost: 2 }], 1)
+  await limiter.peek('client', policy)
+  await limiter.reset('client', 'b')
+  await inProcess.close()
+  void one
+  void many
+}
