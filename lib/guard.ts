@@ -1,4 +1,5 @@
 import diagnostics from 'node:diagnostics_channel'
+import { Deadlines } from './deadline.js'
 import { StoreError } from './errors.js'
 import type { BucketSpec, Store, StoreReply } from './store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
@@ -30,6 +31,7 @@ export class Guard {
   readonly #store: Store
   readonly #breaker: BreakerOptions
   readonly #logger: Logger | undefined
+  readonly #deadlines = new Deadlines()
   #failures = 0
   #openUntil = 0
   #probing = false
@@ -68,7 +70,7 @@ export class Guard {
     }
     let reply: T
     try {
-      reply = await deadline(call(), timeoutMs)
+      reply = await this.#deadlines.wrap(call(), timeoutMs)
     } catch (cause) {
       const err = asStoreError(cause)
       if (/WRONGTYPE/.test(err.message)) {
@@ -86,7 +88,7 @@ export class Guard {
   /** Deletes a key in the store, under the same deadline; failures reject. */
   async reset (key: string, timeoutMs: number): Promise<void> {
     try {
-      await deadline(this.#store.reset(key), timeoutMs)
+      await this.#deadlines.wrap(this.#store.reset(key), timeoutMs)
     } catch (cause) {
       throw asStoreError(cause)
     }
@@ -136,17 +138,4 @@ function asStoreError (cause: unknown): StoreError {
   return cause instanceof StoreError
     ? cause
     : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${(cause as Error).message}`, { cause })
-}
-
-/** Settles like `promise`, or rejects with a timeout after `ms`; a later settlement is ignored. */
-export function deadline<T> (promise: Promise<T>, ms: number): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    const timer = setTimeout(() => {
-      reject(new StoreError('TOLLGATE_STORE_TIMEOUT', `store gave no answer within ${ms} ms`))
-    }, ms)
-    promise.then(
-      (value) => { clearTimeout(timer); resolve(value) },
-      (err: unknown) => { clearTimeout(timer); reject(err) }
-    )
-  })
 }
