@@ -28,6 +28,12 @@ interface Lease {
  * they are given back (with the next call for that bucket once the lease is
  * older than `maxAgeMs` or too small for a request, and on close).
  *
+ * With the denial cache on, a client that a lease call denies is denied in
+ * this process until a whole batch (`tokens`) could be taken, not just its
+ * cost: a flood then costs one call per batch instead of one per token, at
+ * the price of turning the client away for up to (tokens - cost) / refill
+ * seconds longer than Redis would.
+ *
  * Size-capped: past `maxKeys` the oldest lease is dropped and its unspent
  * tokens are lost to the bucket until they refill.
  */

@@ -169,7 +169,9 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       if (reply.taken > 0) leases.add(spec, reply)
       const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
       const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
-      if (!decision.allowed) denials?.set(spec.key, specs, decision, sentAt)
+      // A denied client waits here until a whole batch is back, not just its
+      // cost: otherwise a flood takes the bucket one token per call.
+      if (!decision.allowed) denials?.set(spec.key, specs, decision, sentAt, batchHoldMs(policy, lease, spec.cost))
       return decision
     } catch {
       return fallback(guard, [policy], specs, true)
@@ -227,6 +229,11 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       return guard?.state ?? 'healthy'
     }
   }
+}
+
+/** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */
+function batchHoldMs (policy: Policy, lease: NonNullable<Policy['lease']>, cost: number): number {
+  return Math.max(0, Math.min(lease.tokens, policy.capacity) - cost) / policy.refillPerSecond * 1000
 }
 
 function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
