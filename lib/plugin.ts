@@ -140,13 +140,18 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
   return async function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
     if (request[kChecked] === true) return
     request[kChecked] = true
-    if (limit.allow !== undefined && await run(limit, 'allow', limit.allow, request) === true) return
+    if (limit.allow !== undefined) {
+      let skip = run(limit, 'allow', limit.allow, request)
+      if (skip instanceof Promise) skip = await skip
+      if (skip === true) return
+    }
 
     let client: unknown
     if (limit.key === undefined) {
       client = ipIdentity(request.ip, subnet)
     } else {
-      client = await run(limit, 'key', limit.key, request)
+      client = run(limit, 'key', limit.key, request)
+      if (client instanceof Promise) client = await client
       if (typeof client !== 'string' || client.length === 0) {
         throw new BadRequestInputError(limit.name, `\`key\` must return a non-empty string, got ${describe(client)}`)
       }
@@ -157,7 +162,8 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
       const fn = limit.costFns[i]
       if (fn === undefined) continue
       const policy = limit.policies[i] as Policy
-      const value = await run(limit, 'cost', fn, request)
+      let value: unknown = run(limit, 'cost', fn, request)
+      if (value instanceof Promise) value = await value
       if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > policy.capacity) {
         throw new BadRequestInputError(limit.name, `\`cost\` must return a finite number > 0 and <= capacity (${policy.capacity}), got ${describe(value)}`)
       }
@@ -178,15 +184,26 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
   }
 }
 
-/** Runs a user function of the route; its failure becomes a 500 that names the route. */
-async function run<T> (limit: RouteLimit, what: string, fn: (request: FastifyRequest) => T | Promise<T>, request: FastifyRequest): Promise<T> {
+/**
+ * Runs a user function of the route; its failure becomes a 500 that names
+ * the route. A synchronous result is returned as it is, so the common
+ * synchronous `key` costs no extra promise.
+ */
+function run<T> (limit: RouteLimit, what: string, fn: (request: FastifyRequest) => T | Promise<T>, request: FastifyRequest): T | Promise<T> {
+  let out: T | Promise<T>
   try {
-    return await fn(request)
+    out = fn(request)
   } catch (cause) {
-    const err = new BadRequestInputError(limit.name, `\`${what}\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
-    err.cause = cause
-    throw err
+    throw failed(limit, what, cause)
   }
+  if (out instanceof Promise) return out.catch((cause: unknown) => { throw failed(limit, what, cause) })
+  return out
+}
+
+function failed (limit: RouteLimit, what: string, cause: unknown): Error {
+  const err = new BadRequestInputError(limit.name, `\`${what}\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+  err.cause = cause
+  return err
 }
 
 /** Resolves a route's `config.rateLimit` (object, array or undefined) over the plugin's defaults. */
