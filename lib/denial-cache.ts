@@ -53,11 +53,10 @@ export class DenialCache {
     return shift(entry.decision, now - entry.sentAt)
   }
 
-  /** Records a store denial; `holdMs` keeps denying that much longer (leases, see lib/lease.ts). */
-  set (id: string, specs: readonly BucketSpec[], decision: Decision, sentAt: number, holdMs = 0): void {
+  set (id: string, specs: readonly BucketSpec[], decision: Decision, sentAt: number): void {
     const entries = this.#entries
     entries.delete(id)
-    entries.set(id, { keys: specs.map((s) => s.key), until: sentAt + decision.retryAfterMs + holdMs, sentAt, costs: specs.map((s) => s.cost), decision })
+    entries.set(id, { keys: specs.map((s) => s.key), until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
     if (entries.size > this.#maxKeys) entries.delete(entries.keys().next().value as string)
   }
 

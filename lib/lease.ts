@@ -45,26 +45,29 @@ export class LeaseBook {
     this.#maxKeys = maxKeys
   }
 
-  /** Spends `cost` from a fresh enough lease; else takes the lease out (for giving back) and returns undefined. */
-  spend (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | number {
+  /** Spends `cost` from a fresh enough lease of this bucket; undefined when there is none. */
+  spend (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | undefined {
     const lease = this.#leases.get(spec.key)
-    if (lease === undefined) return 0
+    if (lease === undefined) return undefined
     const age = performance.now() - lease.takenAt
-    if (age < maxAgeMs && lease.left >= spec.cost) {
-      lease.left -= spec.cost
-      const resetMs = Math.max(0, lease.fullInUs / 1000 - age)
-      return {
-        allowed: true,
-        limit: policy.capacity,
-        remaining: wholeTokens(Math.min(policy.capacity, lease.bucketLeft + lease.left)),
-        resetMs,
-        retryAfterMs: 0,
-        source: 'cache',
-        bucket: policy.bucket
-      }
+    if (age >= maxAgeMs || lease.left < spec.cost) return undefined
+    lease.left -= spec.cost
+    return {
+      allowed: true,
+      limit: policy.capacity,
+      remaining: wholeTokens(Math.min(policy.capacity, lease.bucketLeft + lease.left)),
+      resetMs: Math.max(0, lease.fullInUs / 1000 - age),
+      retryAfterMs: 0,
+      source: 'cache',
+      bucket: policy.bucket
     }
-    this.#leases.delete(spec.key)
-    return lease.left
+  }
+
+  /** Takes the lease of a bucket out, for giving its unspent tokens back; 0 when there is none. */
+  release (key: string): number {
+    const left = this.#leases.get(key)?.left ?? 0
+    this.#leases.delete(key)
+    return left
   }
 
   /** Records what a lease call took beyond the request's own cost. */

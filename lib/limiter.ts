@@ -136,8 +136,8 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       decision = summarize(list, memory.decideSync(specs, consume), 'store')
     } else {
       const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
-      const cached = consume ? denials?.get(id, specs) : undefined
       const only = list[0] as Policy
+      const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
       if (cached !== undefined) {
         decision = cached
       } else if (consume && only.lease !== undefined && list.length === 1) {
@@ -158,20 +158,30 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     return decision
   }
 
-  /** A single-policy consume with leases: spend a local batch, or take a new one in one call. */
+  /**
+   * A single-policy consume with leases: spend from this server's batch;
+   * else, unless a cached denial still holds, give the rest of the batch
+   * back and take a new one, in one call.
+   */
   async function leased (guard: Guard, store: RedisStore, policy: Policy, lease: NonNullable<Policy['lease']>, specs: BucketSpec[]): Promise<Decision> {
     const spec = specs[0] as BucketSpec
-    const spent = leases.spend(policy, spec, lease.maxAgeMs)
-    if (typeof spent !== 'number') return spent
+    const served = leases.spend(policy, spec, lease.maxAgeMs)
+    if (served !== undefined) return served
+    const cached = denials?.get(spec.key, specs)
+    if (cached !== undefined) return cached
+    const back = leases.release(spec.key)
     const sentAt = performance.now()
     try {
-      const reply = await guard.run(() => store.lease(spec, Math.max(spec.cost, lease.tokens), spent), policy.timeout ?? defaultTimeout, specs)
+      const reply = await guard.run(() => store.lease(spec, Math.max(spec.cost, lease.tokens), back), policy.timeout ?? defaultTimeout, specs)
       if (reply.taken > 0) leases.add(spec, reply)
       const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
       const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
-      // A denied client waits here until a whole batch is back, not just its
-      // cost: otherwise a flood takes the bucket one token per call.
-      if (!decision.allowed) denials?.set(spec.key, specs, decision, sentAt, batchHoldMs(policy, lease, spec.cost))
+      if (!decision.allowed && denials !== undefined) {
+        // A denied client waits until a whole batch is back, not just its
+        // cost: otherwise a flood takes the bucket one token per call.
+        decision.retryAfterMs += batchHoldMs(policy, lease, spec.cost)
+        denials.set(spec.key, specs, decision, sentAt)
+      }
       return decision
     } catch {
       return fallback(guard, [policy], specs, true)

@@ -28,7 +28,7 @@
 --          it can (nothing was spent on any bucket)
 -- The request is allowed when no value is negative. The caller derives the
 -- tokens left, fractions kept, as capacity - value / T for a bucket that
--- could afford, and capacity - cost - wait / T for one that could not:
+-- could afford, and cost - wait / T for one that could not:
 -- microseconds are an exact scaled integer for the token count (Redis
 -- would truncate a fractional Lua number in a reply).
 --
