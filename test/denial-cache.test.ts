@@ -1,0 +1,244 @@
+// The denial cache (lib/denial-cache.ts): after Redis denies a request, the
+// same request is denied in process, without a call, until Redis could
+// allow it; never longer, never for a cheaper request, keyed by the set of
+// buckets; capped in size; off with `denialCache: false`; cleared by
+// reset(). Redis calls are counted with INFO commandstats, so the file runs
+// its own redis-server: no other test's calls land in the counts.
+//
+// Replay the random part: TOLLGATE_SEED=<seed printed below>.
+
+import { randomInt } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { Redis } from 'ioredis'
+import t from 'tap'
+import { DenialCache } from '../lib/denial-cache.js'
+import { createLimiter, type Decision, type Limiter, type LimiterOptions, type Policy } from '../lib/index.js'
+import { randomSource, scriptCalls } from './helpers/model.js'
+import { startRedisServer } from './helpers/redis.js'
+
+const seed = process.env.TOLLGATE_SEED === undefined ? randomInt(2 ** 31) : Number(process.env.TOLLGATE_SEED)
+t.comment(`seed ${seed} (replay with TOLLGATE_SEED=${seed})`)
+
+const server = await startRedisServer()
+t.teardown(() => server.stop())
+
+async function connect (tt: { teardown: (fn: () => unknown) => void }): Promise<Redis> {
+  const redis = new Redis(server.url, { lazyConnect: true })
+  await redis.connect()
+  tt.teardown(() => { redis.disconnect() })
+  return redis
+}
+
+const admin = await connect(t)
+
+let prefixes = 0
+/** A limiter on its own client and key prefix, closed at the end of `tt`. */
+async function newLimiter (tt: { teardown: (fn: () => unknown) => void }, options: Partial<LimiterOptions> = {}): Promise<Limiter> {
+  const redis = await connect(tt)
+  // A generous deadline: these tests are about the cache, not about a slow store.
+  const limiter = createLimiter({ redis, prefix: `deny${++prefixes}`, timeout: 2000, ...options })
+  tt.teardown(() => limiter.close())
+  return limiter
+}
+
+function policy (bucket: string, capacity: number, refillPerSecond: number, cost?: number): Policy {
+  const p: Policy = { bucket, capacity, refillPerSecond, failureMode: 'closed' }
+  if (cost !== undefined) p.cost = cost
+  return p
+}
+
+// Load the script into this Redis once, so each store call below is one script.
+await (await newLimiter(t)).consume('warm-up', policy('warm-up', 1, 1))
+
+t.test('after a denial, the same request is denied from the cache without a Redis call', async (t) => {
+  const limiter = await newLimiter(t)
+  // 2 tokens, one back every 2 s: the cached denial lasts far longer than the test.
+  const p = policy('api', 2, 0.5)
+  t.ok((await limiter.consume('c', p)).allowed)
+  t.ok((await limiter.consume('c', p)).allowed)
+  const denied = await limiter.consume('c', p)
+  t.match(denied, { allowed: false, source: 'store', remaining: 0, limit: 2, bucket: 'api' }, 'Redis denies the third')
+  t.ok(denied.retryAfterMs > 1900 && denied.retryAfterMs <= 2000, `retry after ${denied.retryAfterMs} ms (one token, 2 s)`)
+
+  const before = await scriptCalls(admin)
+  let previous = denied
+  for (let i = 0; i < 20; i++) {
+    const cached = await limiter.consume('c', p)
+    t.match(cached, { allowed: false, source: 'cache', remaining: 0, limit: 2, bucket: 'api' }, `repeat ${i + 1}: denied from the cache`)
+    // Shifted to now: the wait and the time until full only count down.
+    t.ok(cached.retryAfterMs > 0 && cached.retryAfterMs <= previous.retryAfterMs, `retryAfterMs counts down (${cached.retryAfterMs})`)
+    t.ok(cached.resetMs <= previous.resetMs, 'and so does resetMs')
+    previous = cached
+  }
+  t.equal(await scriptCalls(admin) - before, 0, '20 denials, no Redis call')
+  t.equal((await limiter.peek('c', p)).source, 'store', 'a peek is not cached: it asks Redis')
+})
+
+t.test('never longer than Redis would deny: once retryAfterMs has passed, Redis is asked and allows', async (t) => {
+  const limiter = await newLimiter(t)
+  // 1 token, back after 100 ms: longer than two calls in a row take, even on a busy machine.
+  const p = policy('api', 1, 10)
+  t.ok((await limiter.consume('c', p)).allowed)
+  for (let round = 1; round <= 3; round++) {
+    const denied = await limiter.consume('c', p)
+    const receivedAt = performance.now()
+    t.match(denied, { allowed: false, source: 'store' }, `round ${round}: Redis denies`)
+    t.match(await limiter.consume('c', p), { allowed: false, source: 'cache' }, 'then the cache')
+    // The script ran before its reply came back, so Redis has the token by
+    // receivedAt + retryAfterMs; 2 ms for the timer's rounding. The cache,
+    // which counts from when the call was sent, has let go by then.
+    await sleep(Math.max(0, receivedAt + denied.retryAfterMs + 2 - performance.now()))
+    t.match(await limiter.consume('c', p), { allowed: true, source: 'store' }, 'after the wait: Redis is asked, and allows')
+  }
+})
+
+t.test('random costs and gaps: a cached denial is one Redis would give as well', async (t) => {
+  // What the cache promises: while it denies a request, Redis would deny it
+  // too. Checked after every cached denial with a peek (which Redis
+  // decides, and which writes nothing), whenever the peek's reply is back
+  // before the cached denial's own end (now + its retryAfterMs): Redis ran
+  // the peek before that moment, and must have denied it.
+  const random = randomSource(seed)
+  const limiter = await newLimiter(t)
+  const costs = [1, 2, 3]
+  const byCost = new Map(costs.map((cost) => [cost, policy('api', 5, 100, cost)]))
+  let cached = 0
+  let checked = 0
+  const problems: string[] = []
+  for (let step = 0; step < 400; step++) {
+    if (random() < 0.5) await sleep(random() * 15)
+    const cost = costs[Math.floor(random() * costs.length)] as number
+    const p = byCost.get(cost) as Policy
+    const decision = await limiter.consume('c', p)
+    const decidedAt = performance.now()
+    if (decision.source !== 'cache') continue
+    cached++
+    if (decision.allowed || !(decision.retryAfterMs > 0)) problems.push(`step ${step}: a cached decision ${JSON.stringify(decision)}`)
+    const peek = await limiter.peek('c', p)
+    if (performance.now() < decidedAt + decision.retryAfterMs) {
+      checked++
+      if (peek.allowed) problems.push(`step ${step}: cost ${cost} denied from the cache for ${decision.retryAfterMs} ms more, but Redis allows it`)
+    }
+  }
+  t.comment(`${cached} cached denials, ${checked} checked against Redis`)
+  t.same(problems.slice(0, 5), [], `no cached denial Redis would not give (${problems.length} found)`)
+  t.ok(checked >= 20, `enough cached denials checked (${checked})`)
+})
+
+t.test('a cheaper request is not held back by the cached denial of a dearer one', async (t) => {
+  const limiter = await newLimiter(t)
+  // 10 tokens, one back every 10 s: no refill to speak of during the test.
+  const p = policy('api', 10, 0.1)
+  t.ok((await limiter.consume('c', p, 8)).allowed, '8 of 10 spent')
+  t.match(await limiter.consume('c', p, 5), { allowed: false, source: 'store' }, 'cost 5 with 2 left: Redis denies')
+  t.match(await limiter.consume('c', p, 5), { allowed: false, source: 'cache' }, 'cost 5 again: the cache')
+  t.match(await limiter.consume('c', p, 6), { allowed: false, source: 'cache' }, 'cost 6: dearer still, the cache')
+  const before = await scriptCalls(admin)
+  t.match(await limiter.consume('c', p, 2), { allowed: true, source: 'store', remaining: 0 }, 'cost 2: Redis is asked and allows')
+  t.equal(await scriptCalls(admin) - before, 1, 'one call')
+  t.match(await limiter.consume('c', p, 1), { allowed: false, source: 'store' }, 'cost 1 with nothing left: Redis denies')
+  t.match(await limiter.consume('c', p, 1), { allowed: false, source: 'cache' }, 'and now cost 1 is cached')
+})
+
+t.test('several policies: denials are cached by the set of buckets', async (t) => {
+  const limiter = await newLimiter(t)
+  const a = policy('a', 1, 0.1)
+  const b = policy('b', 10, 0.1)
+  t.ok((await limiter.consume('c', a)).allowed, 'a: its only token spent')
+  const denied = await limiter.consume('c', [a, b])
+  t.match(denied, { allowed: false, source: 'store', bucket: 'a' }, '[a, b]: Redis denies, because of a')
+  t.equal(denied.policies?.length, 2)
+  const cached = await limiter.consume('c', [a, b])
+  t.match(cached, { allowed: false, source: 'cache', bucket: 'a' }, '[a, b] again: the cache')
+  t.same(cached.policies?.map((d) => [d.bucket, d.allowed, d.source]), [['a', false, 'cache'], ['b', true, 'cache']],
+    'with each policy\'s decision, shifted and marked as cached')
+
+  const before = await scriptCalls(admin)
+  t.match(await limiter.consume('c', b), { allowed: true, source: 'store' }, 'b alone is another key set: Redis allows it')
+  t.match(await limiter.consume('c', a), { allowed: false, source: 'store' }, 'a alone is another key set: Redis is asked')
+  t.match(await limiter.consume('c', [b, a]), { allowed: false, source: 'store' }, '[b, a] is another key set too')
+  t.equal(await scriptCalls(admin) - before, 3, 'three calls')
+  t.match(await limiter.consume('c', a), { allowed: false, source: 'cache' }, 'a alone now has its own cached denial')
+  t.match(await limiter.consume('c', [a, b]), { allowed: false, source: 'cache' }, 'and [a, b] still has its own')
+})
+
+t.test('maxKeys caps the entries; the oldest denial goes first', async (t) => {
+  const limiter = await newLimiter(t, { denialCache: { maxKeys: 3 } })
+  const p = policy('api', 1, 0.1)
+  const clients = ['c1', 'c2', 'c3', 'c4', 'c5']
+  for (const client of clients) {
+    t.ok((await limiter.consume(client, p)).allowed)
+    t.equal((await limiter.consume(client, p)).source, 'store', `${client}: denied by Redis, cached`)
+  }
+  const sourceOf = async (client: string): Promise<string> => (await limiter.consume(client, p)).source
+  t.same([await sourceOf('c3'), await sourceOf('c4'), await sourceOf('c5')], ['cache', 'cache', 'cache'], 'the last 3 denials are cached')
+  const before = await scriptCalls(admin)
+  t.equal(await sourceOf('c1'), 'store', 'c1 was dropped: Redis is asked (and its denial is cached again, dropping c3)')
+  t.equal(await sourceOf('c2'), 'store', 'c2 as well (dropping c4)')
+  t.equal(await scriptCalls(admin) - before, 2)
+  t.same([await sourceOf('c5'), await sourceOf('c1'), await sourceOf('c2')], ['cache', 'cache', 'cache'], 'c5, c1, c2 are the 3 kept')
+  t.equal(await sourceOf('c3'), 'store', 'c3 was dropped')
+
+  // The cache itself, fed with the limiter's real denials: never above its cap.
+  const cache = new DenialCache(4)
+  const sizes: number[] = []
+  for (let i = 0; i < 12; i++) {
+    const key = `k${i}`
+    const spec = { key, capacity: 1, refillPerSecond: 0.1, cost: 1 }
+    cache.set(key, [spec], await limiter.consume(clients[i % clients.length] as string, p), performance.now())
+    sizes.push(cache.size)
+  }
+  t.same(sizes, [1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4], 'size: at most maxKeys')
+  const spec = (key: string): Array<{ key: string, capacity: number, refillPerSecond: number, cost: number }> => [{ key, capacity: 1, refillPerSecond: 0.1, cost: 1 }]
+  t.same(['k7', 'k8', 'k9', 'k10', 'k11'].map((key) => cache.get(key, spec(key)) !== undefined), [false, true, true, true, true],
+    'the 4 most recent are the ones kept')
+})
+
+t.test('denialCache: false sends every request to Redis', async (t) => {
+  const limiter = await newLimiter(t, { denialCache: false })
+  const p = policy('api', 1, 0.1)
+  t.ok((await limiter.consume('c', p)).allowed)
+  const before = await scriptCalls(admin)
+  const sources: string[] = []
+  for (let i = 0; i < 10; i++) {
+    const decision: Decision = await limiter.consume('c', p)
+    t.notOk(decision.allowed)
+    sources.push(decision.source)
+  }
+  t.same(sources, Array(10).fill('store'), 'every denial comes from Redis')
+  t.equal(await scriptCalls(admin) - before, 10, 'ten calls')
+})
+
+t.test('reset() clears the denials of the bucket', async (t) => {
+  const limiter = await newLimiter(t)
+  const a = policy('a', 1, 0.1)
+  const b = policy('b', 1, 0.1)
+  t.ok((await limiter.consume('c', a)).allowed)
+  t.equal((await limiter.consume('c', a)).source, 'store')
+  t.equal((await limiter.consume('c', a)).source, 'cache', 'a: denial cached')
+  t.ok((await limiter.consume('c', b)).allowed)
+  t.equal((await limiter.consume('c', [a, b])).source, 'store')
+  t.equal((await limiter.consume('c', [a, b])).source, 'cache', '[a, b]: denial cached')
+
+  await limiter.reset('c', 'a')
+  t.match(await limiter.consume('c', a), { allowed: true, source: 'store' }, 'a after reset: Redis is asked, and allows')
+  t.match(await limiter.consume('c', [a, b]), { allowed: false, source: 'store' }, '[a, b] after reset of a: its cached denial is gone too')
+
+  // Another client's denials stay.
+  t.ok((await limiter.consume('other', a)).allowed)
+  t.equal((await limiter.consume('other', a)).source, 'store')
+  await limiter.reset('c', 'b')
+  t.equal((await limiter.consume('other', a)).source, 'cache', 'a reset of one client leaves another\'s denial cached')
+})
+
+t.test('reset() clears multi-bucket denials whatever the bucket names', async (t) => {
+  const limiter = await newLimiter(t)
+  // A bucket name is any non-empty string; this one holds a newline.
+  const a = policy('line\nbreak', 1, 0.1)
+  const b = policy('b', 10, 0.1)
+  t.ok((await limiter.consume('c', a)).allowed)
+  t.equal((await limiter.consume('c', [a, b])).source, 'store')
+  t.equal((await limiter.consume('c', [a, b])).source, 'cache', '[a, b]: denial cached')
+  await limiter.reset('c', 'line\nbreak')
+  t.match(await limiter.consume('c', [a, b]), { allowed: true, source: 'store' }, 'after reset of a, [a, b] is asked of Redis and allowed')
+})

@@ -1,0 +1,74 @@
+// Deliberately broken limiters, the two mistakes of the design note, to show
+// that the race and clock tests catch them:
+// - `naiveBucketHook`: the read-modify-write in application code (GET the
+//   bucket, decide in JavaScript, SET it back), which races across servers;
+// - `trustAppClock`: lua/token-bucket.lua changed to take `now` from the
+//   app server instead of Redis TIME.
+
+import { createHash } from 'node:crypto'
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { Redis } from 'ioredis'
+import { SCRIPT_COMMAND } from '../../lib/index.js'
+
+export interface NaiveOptions {
+  key: string
+  capacity: number
+  refillPerSecond: number
+}
+
+/**
+ * An onRequest hook limiting with a token bucket kept as "tokens:timestampMs"
+ * in one key: GET, refill and decide in JavaScript, SET. Two requests that
+ * both GET before either SETs both spend the same token. Nothing is added
+ * between the read and the write to widen the race: the round trip of the
+ * GET's reply and the requests the event loop serves meanwhile are enough.
+ */
+export function naiveBucketHook (redis: Redis, options: NaiveOptions) {
+  const { key, capacity, refillPerSecond } = options
+  return async function naiveCheck (_request: FastifyRequest, reply: FastifyReply): Promise<void> {
+    const stored = await redis.get(key)
+    const now = Date.now()
+    let tokens = capacity
+    if (stored !== null) {
+      const [held, at] = stored.split(':').map(Number) as [number, number]
+      tokens = Math.min(capacity, held + Math.max(0, now - at) / 1000 * refillPerSecond)
+    }
+    const allowed = tokens >= 1
+    if (allowed) tokens -= 1
+    await redis.set(key, `${tokens}:${now}`, 'PX', 60_000)
+    if (!allowed) await reply.code(429).send({ error: 'naive limiter: rate limited' })
+  }
+}
+
+/**
+ * The token-bucket script with its clock taken from the last ARGV (the app's
+ * microseconds) instead of Redis TIME. Everything else is unchanged.
+ */
+export function clockTrustingScript (lua: string): string {
+  const readsTime = /local t = redis\.call\('TIME'\)\r?\nlocal now = [^\n]*\n/
+  if (!readsTime.test(lua)) {
+    throw new Error('lua/token-bucket.lua no longer reads TIME the way clockTrustingScript expects; update the helper')
+  }
+  return lua.replace(readsTime, 'local now = tonumber(ARGV[#ARGV])\n')
+}
+
+/**
+ * Makes tollgate, on this client, run the clock-trusting variant of `lua`
+ * with this process's Date.now() (in microseconds) appended to the
+ * arguments. Call it before the plugin is registered: tollgate defines its
+ * command only on a client that does not have it yet.
+ */
+export function trustAppClock (redis: Redis, lua: string): void {
+  const variant = clockTrustingScript(lua)
+  const sha = createHash('sha1').update(variant).digest('hex')
+  redis[SCRIPT_COMMAND] = async (...args: Array<string | number>): Promise<Array<string | number>> => {
+    const [numKeys, ...rest] = args as [number, ...Array<string | number>]
+    const withClock = [...rest, Date.now() * 1000]
+    try {
+      return await redis.evalsha(sha, numKeys, ...withClock) as Array<string | number>
+    } catch (err) {
+      if (!(err instanceof Error) || !err.message.startsWith('NOSCRIPT')) throw err
+      return await redis.eval(variant, numKeys, ...withClock) as Array<string | number>
+    }
+  }
+}

@@ -1,0 +1,381 @@
+// Token leases at the limiter and plugin level (lib/lease.ts, the policy
+// option `lease: { tokens, maxAgeMs }`): a batch taken in one call is spent
+// in process, given back once too old or too small, and on close(); four
+// limiters leasing from one bucket never admit more than the bucket allows.
+// Redis calls are counted with INFO commandstats, so the file runs its own
+// redis-server: no other test's calls land in the counts.
+
+import { setImmediate as yieldToLoop, setTimeout as sleep } from 'node:timers/promises'
+import Fastify from 'fastify'
+import { Redis } from 'ioredis'
+import t from 'tap'
+import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
+import { LeaseBook } from '../lib/lease.js'
+import { RedisStore } from '../lib/redis-store.js'
+import { redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
+import { startRedisServer } from './helpers/redis.js'
+
+const server = await startRedisServer()
+t.teardown(() => server.stop())
+
+/** A connected client on this file's Redis, closed at the end of `tt`. */
+async function connect (tt: { teardown: (fn: () => unknown) => void }): Promise<Redis> {
+  const redis = new Redis(server.url, { lazyConnect: true })
+  await redis.connect()
+  tt.teardown(() => { redis.disconnect() })
+  return redis
+}
+
+const admin = await connect(t)
+
+/** A refill so slow that it adds less than 1e-5 tokens in 10 s. */
+const NO_REFILL = 1e-6
+
+let prefixes = 0
+/** A limiter on its own client and key prefix; closed (before its client) at the end of `tt`. */
+async function newLimiter (tt: { teardown: (fn: () => unknown) => void }, options: { denialCache?: false } = {}): Promise<{ limiter: Limiter, redis: Redis, prefix: string }> {
+  const redis = await connect(tt)
+  const prefix = `lease${++prefixes}`
+  // A generous deadline: these tests are about leases, not about a slow store.
+  const limiter = createLimiter({ redis, prefix, timeout: 2000, ...options })
+  tt.teardown(() => limiter.close())
+  return { limiter, redis, prefix }
+}
+
+function leased (bucket: string, capacity: number, refillPerSecond: number, tokens: number, maxAgeMs: number): Policy {
+  return { bucket, capacity, refillPerSecond, failureMode: 'closed', lease: { tokens, maxAgeMs } }
+}
+
+/** Tokens in a bucket as Redis holds it now (the key's full-at time against Redis TIME). */
+async function bucketTokens (key: string, capacity: number, refillPerSecond: number): Promise<number> {
+  const replies = await admin.multi().get(key).time().exec()
+  const [value, time] = (replies ?? []).map(([err, v]) => { if (err !== null) throw err; return v })
+  if (value === null) return capacity
+  const busy = Math.max(0, Number(value) - timeMicros(time))
+  return capacity - busy * refillPerSecond / 1e6
+}
+
+/** |actual - expected| <= tolerance, with both numbers in the message. */
+function near (tt: { ok: (value: boolean, message: string) => boolean }, actual: number, expected: number, tolerance: number, what: string): void {
+  tt.ok(Math.abs(actual - expected) <= tolerance, `${what}: ${actual} within ${tolerance} of ${expected}`)
+}
+
+// Load both scripts into this Redis once, so every count below is one script per store call.
+{
+  const { limiter } = await newLimiter(t)
+  await limiter.consume('warm-up', leased('warm-up', 10, 1, 2, 1000))
+  await limiter.consume('warm-up', { bucket: 'warm-up-exact', capacity: 10, refillPerSecond: 1, failureMode: 'closed' })
+}
+
+t.test('a lease is spent in process: one Redis call per batch', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const policy = leased('api', 1000, 1000, 10, 60_000)
+  const before = await scriptCalls(admin)
+  const sources: Record<string, number> = {}
+  let allowed = 0
+  for (let i = 0; i < 200; i++) {
+    const decision = await limiter.consume('one-by-one', policy)
+    sources[decision.source] = (sources[decision.source] ?? 0) + 1
+    if (decision.allowed) allowed++
+  }
+  const calls = await scriptCalls(admin) - before
+  t.equal(allowed, 200, 'all allowed')
+  t.same(sources, { store: 20, cache: 180 }, 'one request in 10 takes a batch from Redis, the other 9 spend it here')
+  t.equal(calls, 20, '200 requests one after another: 20 Redis calls, 1 per 10 requests')
+
+  // Concurrent requests: each that finds no lease left takes a batch of its
+  // own, and the batches are pooled. A call is only sent when the pool is
+  // empty, and at most WORKERS are in flight, so at most WORKERS batches
+  // (less each one's own request) can be left at the end.
+  const WORKERS = 8
+  const PER_WORKER = 50
+  const start = await scriptCalls(admin)
+  let admitted = 0
+  await Promise.all(Array.from({ length: WORKERS }, async () => {
+    for (let i = 0; i < PER_WORKER; i++) {
+      if ((await limiter.consume('concurrent', policy)).allowed) admitted++
+    }
+  }))
+  const concurrent = await scriptCalls(admin) - start
+  const requests = WORKERS * PER_WORKER
+  t.equal(admitted, requests, 'all allowed')
+  t.ok(concurrent >= requests / 10 && concurrent <= (requests + WORKERS * 9) / 10,
+    `${requests} requests from ${WORKERS} concurrent workers: ${concurrent} Redis calls, about 1 per 10 (${requests / 10} to ${(requests + WORKERS * 9) / 10})`)
+})
+
+t.test('decisions from a lease: remaining counts the bucket and the lease; source cache', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  const policy = leased('api', 100, NO_REFILL, 10, 60_000)
+  const key = `${prefix}:{c}:api`
+  const first = await limiter.consume('c', policy)
+  t.match(first, { allowed: true, source: 'store', limit: 100, remaining: 99, retryAfterMs: 0, bucket: 'api' }, 'a batch of 10 taken, 1 spent: 99 left in all')
+  near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'Redis holds 90: the batch of 10 is out of the bucket')
+  const second = await limiter.consume('c', policy)
+  t.match(second, { allowed: true, source: 'cache', remaining: 98, retryAfterMs: 0 }, 'the next one spends from the lease')
+  t.ok(second.resetMs <= first.resetMs && second.resetMs > 0, `resetMs counts down from the lease's reply (${first.resetMs} then ${second.resetMs})`)
+  near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'and Redis is not touched')
+})
+
+t.test('a lease older than maxAgeMs is given back with the next call', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  // 150 ms: far more than two calls in a row take, even on a busy machine.
+  const policy = leased('api', 100, NO_REFILL, 10, 150)
+  const key = `${prefix}:{c}:api`
+  t.equal((await limiter.consume('c', policy)).source, 'store', 'batch of 10 taken, 1 spent')
+  t.equal((await limiter.consume('c', policy)).source, 'cache', 'a second spent from it; 8 unspent')
+  near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'Redis: 90')
+  // Past maxAgeMs (timers never fire early by more than a ms's rounding).
+  await sleep(160)
+  const third = await limiter.consume('c', policy)
+  t.equal(third.source, 'store', 'the old lease is not spent from: the request goes to Redis')
+  // 90, plus the 8 given back, less a new batch of 10.
+  near(t, await bucketTokens(key, 100, NO_REFILL), 88, 1e-5, 'Redis: the 8 unspent tokens came back before the new batch was taken')
+  t.equal(third.remaining, 97, '3 spent in all: 88 in Redis and 9 in the new lease')
+
+  // A lease too small for a request's cost goes back the same way.
+  const cost = await limiter.consume('c', policy, 10)
+  t.equal(cost.source, 'store', 'cost 10 with 9 in the lease: a call')
+  t.ok(cost.allowed, 'and allowed')
+  near(t, await bucketTokens(key, 100, NO_REFILL), 87, 1e-5, 'Redis: 88, plus the 9 given back, less 10')
+})
+
+t.test('close() gives the unspent tokens back', async (t) => {
+  const redis = await connect(t)
+  const limiter = createLimiter({ redis, prefix: 'lease-close', timeout: 2000 })
+  const a = leased('a', 100, NO_REFILL, 10, 60_000)
+  const b = leased('b', 50, NO_REFILL, 20, 60_000)
+  for (let i = 0; i < 3; i++) await limiter.consume('c', a)
+  await limiter.consume('c', b, 5)
+  near(t, await bucketTokens('lease-close:{c}:a', 100, NO_REFILL), 90, 1e-5, 'a: 10 out of Redis, 3 spent')
+  near(t, await bucketTokens('lease-close:{c}:b', 50, NO_REFILL), 30, 1e-5, 'b: 20 out, 5 spent')
+  await limiter.close()
+  near(t, await bucketTokens('lease-close:{c}:a', 100, NO_REFILL), 97, 1e-5, 'a: the 7 unspent are back')
+  near(t, await bucketTokens('lease-close:{c}:b', 50, NO_REFILL), 45, 1e-5, 'b: the 15 unspent are back')
+  t.equal(redis.status, 'ready', 'close() leaves the client open')
+})
+
+t.test('leases and the denial cache', async (t) => {
+  const { limiter } = await newLimiter(t)
+  // 4 tokens, one back every 100 ms: none comes back while the batch is spent.
+  const policy = leased('api', 4, 10, 4, 60_000)
+  const sources: string[] = []
+  for (let i = 0; i < 4; i++) {
+    const decision = await limiter.consume('c', policy)
+    t.ok(decision.allowed, `request ${i + 1} allowed`)
+    sources.push(decision.source)
+  }
+  t.same(sources, ['store', 'cache', 'cache', 'cache'], 'one batch of 4, spent here')
+  const denied = await limiter.consume('c', policy)
+  const receivedAt = performance.now()
+  t.match(denied, { allowed: false, source: 'store' }, 'the lease is used up and the bucket too: Redis denies')
+  // The wait for one token (100 ms); a limiter may also hold a leasing
+  // client back until a whole batch is back (400 ms), as long as it says so.
+  t.ok(denied.retryAfterMs > 0 && denied.retryAfterMs <= 400, `retry after ${denied.retryAfterMs} ms (at most a batch's 400 ms)`)
+
+  const before = await scriptCalls(admin)
+  for (let i = 0; i < 10; i++) {
+    const cached = await limiter.consume('c', policy)
+    t.match(cached, { allowed: false, source: 'cache' }, `repeat ${i + 1}: denied from the cache`)
+    t.ok(cached.retryAfterMs > 0, `with a wait still ahead (${cached.retryAfterMs} ms)`)
+  }
+  t.equal(await scriptCalls(admin) - before, 0, 'without a Redis call')
+
+  // The script ran before the reply came back, so by receivedAt + retryAfterMs
+  // Redis has the token; 2 ms for the timer's rounding. A client that waits
+  // as long as it was told must get through.
+  await sleep(Math.max(0, receivedAt + denied.retryAfterMs + 2 - performance.now()))
+  const again = await limiter.consume('c', policy)
+  t.match(again, { allowed: true, source: 'store' }, 'once the wait it was told is over, Redis is asked again and allows')
+})
+
+t.test('a cached denial does not hide the tokens of a lease', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const policy = leased('api', 5, NO_REFILL, 5, 60_000)
+  // Two requests at once on a bucket of 5: the first call takes all 5 (1
+  // spent, 4 in the lease), the second finds the bucket empty and is denied,
+  // and that denial is cached (for as long as a token takes to come back).
+  const [first, second] = await Promise.all([limiter.consume('c', policy), limiter.consume('c', policy)])
+  t.match(first, { allowed: true, source: 'store', remaining: 4 }, 'one takes the batch')
+  t.match(second, { allowed: false, source: 'store' }, 'the other is denied by Redis')
+  const next = await limiter.consume('c', policy)
+  t.match(next, { allowed: true, source: 'cache', remaining: 3 }, 'the next request is paid from the 4 tokens of the lease')
+})
+
+t.test('a lease given back by a denied call serves a cheaper request', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  const policy = leased('api', 5, NO_REFILL, 5, 60_000)
+  const key = `${prefix}:{c}:api`
+  t.equal((await limiter.consume('c', policy)).source, 'store', 'batch of 5, 1 spent')
+  t.equal((await limiter.consume('c', policy)).source, 'cache', '3 left in the lease')
+  const big = await limiter.consume('c', policy, 4)
+  t.match(big, { allowed: false, source: 'store' }, 'cost 4 with 3 in the lease and none in Redis: the 3 go back, still short')
+  near(t, await bucketTokens(key, 5, NO_REFILL), 3, 1e-5, 'the denied call put the 3 tokens back in Redis')
+  const before = await scriptCalls(admin)
+  t.match(await limiter.consume('c', policy, 4), { allowed: false, source: 'cache' }, 'cost 4 again: the cached denial')
+  t.equal(await scriptCalls(admin) - before, 0, 'no call')
+  const small = await limiter.consume('c', policy, 2)
+  t.match(small, { allowed: true, source: 'store' }, 'cost 2 is not held back by the denial of cost 4: Redis allows it')
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'cache' }, 'and the 1 token taken with it is spent here')
+  near(t, await bucketTokens(key, 5, NO_REFILL), 0, 1e-5, 'all 5 tokens spent, none lost: 1 + 1 + 2 + 1')
+  t.match(await limiter.consume('c', policy), { allowed: false }, 'nothing left')
+})
+
+t.test('reset() drops the lease with the bucket', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  const policy = leased('api', 100, NO_REFILL, 10, 60_000)
+  const key = `${prefix}:{c}:api`
+  await limiter.consume('c', policy)
+  t.equal((await limiter.consume('c', policy)).remaining, 98, '2 spent')
+  await limiter.reset('c', 'api')
+  t.equal(await admin.exists(key), 0, 'the key is gone')
+  const after = await limiter.consume('c', policy)
+  t.match(after, { source: 'store', remaining: 99 }, 'the old lease is not spent from: a fresh batch from a full bucket')
+  near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'Redis: one batch of 10 out')
+})
+
+t.test('the lease book is size-capped: past maxKeys the oldest lease is dropped', async (t) => {
+  // The limiter keeps up to 10 000 leases; the book itself, with a small
+  // cap, fed with real lease replies from Redis.
+  const store = new RedisStore(await connect(t))
+  const book = new LeaseBook(3)
+  const specs = Array.from({ length: 5 }, (_, i) => ({ key: `lease-book:{c}:b${i}`, capacity: 10, refillPerSecond: NO_REFILL, cost: 1 }))
+  for (const spec of specs) book.add(spec, await store.lease(spec, 4, 0))
+  t.same(book.drain().map(([spec, left]) => [spec.key, left]), [['lease-book:{c}:b2', 3], ['lease-book:{c}:b3', 3], ['lease-book:{c}:b4', 3]],
+    'the 3 most recent leases are kept, 3 unspent tokens each')
+  t.same(book.drain(), [], 'and drain() empties the book')
+})
+
+t.test('leases serve single-policy checks only', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const a = leased('a', 100, 100, 10, 60_000)
+  const b: Policy = { bucket: 'b', capacity: 100, refillPerSecond: 100, failureMode: 'closed' }
+  const before = await scriptCalls(admin)
+  for (let i = 0; i < 5; i++) {
+    const decision = await limiter.consume('c', [a, b])
+    t.match(decision, { allowed: true, source: 'store' }, `two policies, request ${i + 1}: decided by Redis`)
+  }
+  t.equal(await scriptCalls(admin) - before, 5, 'one call each: the lease of the first policy is not used')
+})
+
+t.test('plugin: a route with a lease', async (t) => {
+  const redis = await connect(t)
+  const app = Fastify()
+  t.teardown(() => app.close())
+  await app.register(tollgate, {
+    redis,
+    prefix: 'lease-plugin',
+    capacity: 10,
+    refillPerSecond: NO_REFILL,
+    failureMode: 'closed',
+    timeout: 2000,
+    global: false
+  })
+  app.get('/leased', { config: { rateLimit: { lease: { tokens: 5, maxAgeMs: 60_000 } } } }, async (request) => request.rateLimit)
+  await app.ready()
+  const before = await scriptCalls(admin)
+  const statuses: number[] = []
+  const remaining: string[] = []
+  for (let i = 0; i < 12; i++) {
+    const res = await app.inject('/leased')
+    statuses.push(res.statusCode)
+    remaining.push(String(res.headers['ratelimit-remaining']))
+  }
+  t.same(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429], 'the capacity of 10, no more')
+  t.same(remaining, ['9', '8', '7', '6', '5', '4', '3', '2', '1', '0', '0', '0'], 'RateLimit-Remaining counts down through the leases')
+  // Two batches of 5, one denial from Redis, then the denial cache.
+  t.equal(await scriptCalls(admin) - before, 3, '12 requests, 3 Redis calls')
+  near(t, await bucketTokens('lease-plugin:{127.0.0.1}:GET /leased', 10, NO_REFILL), 0, 1e-5, 'the bucket is empty in Redis')
+})
+
+t.test('plugin: closing the app gives unspent lease tokens back', async (t) => {
+  const redis = await connect(t)
+  const app = Fastify()
+  await app.register(tollgate, {
+    redis, prefix: 'lease-plugin-close', capacity: 10, refillPerSecond: NO_REFILL, failureMode: 'closed', timeout: 2000,
+    lease: { tokens: 5, maxAgeMs: 60_000 }
+  })
+  app.get('/', async () => 'ok')
+  t.equal((await app.inject('/')).statusCode, 200)
+  near(t, await bucketTokens('lease-plugin-close:{127.0.0.1}:GET /', 10, NO_REFILL), 5, 1e-5, 'a plugin-level lease: a batch of 5 out')
+  await app.close()
+  near(t, await bucketTokens('lease-plugin-close:{127.0.0.1}:GET /', 10, NO_REFILL), 9, 1e-5, 'after close: the 4 unspent are back')
+  t.equal(redis.status, 'ready', 'and the client is still open')
+})
+
+interface Tally {
+  allowed: number
+  denied: number
+  /** Tokens of the allowed requests. */
+  tokens: number
+  sources: Record<string, number>
+}
+
+t.test('four limiters leasing from one bucket never admit more than capacity + refill x elapsed', async (t) => {
+  const CAPACITY = 30
+  const RATE = 100
+  const TOKENS = 5
+  const WORKERS = 6
+  const RUN_MS = 1500
+  // Mixed costs: a lease holding less than the next request's cost is
+  // given back with that request's call, so give-backs happen all along.
+  const COSTS = [1, 1, 2, 3]
+  // Four app servers: a limiter each, on a client of its own. Each runs the
+  // leased policy and the exact one (same size, its own bucket) at once, so
+  // both see the same load and the same machine.
+  const servers = await Promise.all(Array.from({ length: 4 }, async () => {
+    const redis = await connect(t)
+    return createLimiter({ redis, prefix: 'fleet', timeout: 2000 })
+  }))
+  const policies: Record<'leased' | 'exact', Policy> = {
+    leased: leased('leased', CAPACITY, RATE, TOKENS, 100),
+    exact: { bucket: 'exact', capacity: CAPACITY, refillPerSecond: RATE, failureMode: 'closed' }
+  }
+  const tallies: Record<'leased' | 'exact', Tally> = {
+    leased: { allowed: 0, denied: 0, tokens: 0, sources: {} },
+    exact: { allowed: 0, denied: 0, tokens: 0, sources: {} }
+  }
+  const callsBefore = await scriptCalls(admin)
+  const startUs = await redisMicros(admin)
+  const deadline = performance.now() + RUN_MS
+  await Promise.all(servers.flatMap((limiter) => (['leased', 'exact'] as const).flatMap((mode) =>
+    Array.from({ length: WORKERS }, async (_, worker) => {
+      const tally = tallies[mode]
+      for (let i = worker; performance.now() < deadline; i++) {
+        const cost = COSTS[i % COSTS.length] as number
+        const decision: Decision = await limiter.consume('fleet-client', policies[mode], cost)
+        if (decision.allowed) {
+          tally.allowed++
+          tally.tokens += cost
+        } else {
+          tally.denied++
+        }
+        tally.sources[decision.source] = (tally.sources[decision.source] ?? 0) + 1
+        // Leased and cached decisions settle without I/O: let the other
+        // workers and the sockets have the event loop.
+        await yieldToLoop()
+      }
+    }))))
+  const endUs = await redisMicros(admin)
+  const calls = await scriptCalls(admin) - callsBefore
+  // Every admission, whether from Redis or from a lease, happened between
+  // the two readings of Redis's clock, on a bucket that was full before.
+  const bound = CAPACITY + RATE * (endUs - startUs) / 1e6
+  for (const mode of ['leased', 'exact'] as const) {
+    const tally = tallies[mode]
+    t.comment(`${mode}: ${tally.allowed} allowed (${tally.tokens} tokens), ${tally.denied} denied, sources ${JSON.stringify(tally.sources)}`)
+    t.ok(tally.tokens <= bound, `${mode}: ${tally.tokens} tokens admitted <= capacity + refill x elapsed = ${bound.toFixed(2)}`)
+    t.notOk(tally.sources['fail-closed'], `${mode}: no store failure`)
+  }
+  t.comment(`${calls} Redis calls in ${((endUs - startUs) / 1000).toFixed(0)} ms`)
+  t.equal(calls, (tallies.leased.sources.store ?? 0) + (tallies.exact.sources.store ?? 0), 'every store decision is one Redis call, every other decision none')
+  // Both saturate the bucket: under this load it is the bucket, not the
+  // machine, that limits what passes. Leases can only under-admit: at the
+  // end each server may hold up to a batch it has not spent (given back on
+  // close), and a cost the lease cannot pay sends its tokens back through
+  // Redis, where another server may take them a little later.
+  t.ok(tallies.exact.tokens >= bound * 0.8, `exact mode uses the bucket: ${tallies.exact.tokens} of ${bound.toFixed(2)} tokens (at least 80%)`)
+  t.ok(tallies.leased.tokens >= bound * 0.7, `leases use it too: ${tallies.leased.tokens} of ${bound.toFixed(2)} tokens (at least 70%)`)
+  await Promise.all(servers.map((limiter) => limiter.close()))
+  const left = await bucketTokens('fleet:{fleet-client}:leased', CAPACITY, RATE)
+  t.ok(left >= 0 && left <= CAPACITY, `after close, the bucket holds ${left.toFixed(3)} tokens`)
+})
