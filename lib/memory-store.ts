@@ -1,4 +1,4 @@
-import { bucketState, type BucketSpec, type BucketState, type Store, type StoreReply } from './store.js'
+import { bucketState, type BucketSpec, type BucketState, type StoreReply } from './store.js'
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -22,7 +22,7 @@ export interface MemoryStoreOptions {
  * bounded memory; the default is far above what one process sees at once).
  * Buckets are kept in write order, so the oldest entry is the one to drop.
  */
-export class MemoryStore implements Store {
+export class MemoryStore {
   readonly #fullAt = new Map<string, number>()
   readonly #maxKeys: number
   readonly #now: () => number
@@ -30,10 +30,6 @@ export class MemoryStore implements Store {
   constructor (options: MemoryStoreOptions = {}) {
     this.#maxKeys = options.maxKeys ?? 100_000
     this.#now = options.now ?? monotonicMicros
-  }
-
-  get size (): number {
-    return this.#fullAt.size
   }
 
   decideSync (specs: readonly BucketSpec[], consume: boolean): StoreReply {
@@ -62,10 +58,6 @@ export class MemoryStore implements Store {
     const buckets: BucketState[] = []
     for (let i = 0; i < specs.length; i++) buckets.push(bucketState(values[i] as number, specs[i] as BucketSpec))
     return { allowed, buckets }
-  }
-
-  async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
-    return this.decideSync(specs, consume)
   }
 
   async reset (key: string): Promise<void> {

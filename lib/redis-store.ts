@@ -50,10 +50,6 @@ export class RedisStore implements Store, LeaseStore {
     if (typeof redis[LEASE_COMMAND] !== 'function') redis.defineCommand(LEASE_COMMAND, { lua: LEASE_LUA, numberOfKeys: 1 })
   }
 
-  get connected (): boolean {
-    return this.#redis.status === 'ready'
-  }
-
   #ready (): void {
     if (this.#redis.status !== 'ready') {
       throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
