@@ -254,7 +254,10 @@ t.test('startCluster with replicas: a paused master is replaced', async t => {
   t.equal(cluster.nodes.length, 6)
   const key = `helpers:failover:${process.pid}`
   const redis = cluster.client()
-  await redis.set(key, 'kept')
+  // Replication is asynchronous: WAIT, on the connection that wrote, until
+  // the replica has the write, or a failover may rightly lose it.
+  const replies = await redis.pipeline().set(key, 'kept').call('wait', '1', '5000').exec()
+  t.same(replies, [[null, 'OK'], [null, 1]], 'written, and the replica has it')
 
   const victim = await cluster.masterFor(key)
   victim.pause()
