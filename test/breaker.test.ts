@@ -16,9 +16,9 @@ import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import type { Decision } from '../lib/index.js'
 import { buildApp } from './helpers/app.js'
-import { startLoad } from './helpers/load.js'
+import { faultClient as client, ownServer, startLoad } from './helpers/load.js'
 import { startProxy } from './helpers/proxy.js'
-import { infoField, redisCommand, startRedisServer, type RedisServer, type TeardownTarget } from './helpers/redis.js'
+import { infoField, redisCommand, type RedisServer, type TeardownTarget } from './helpers/redis.js'
 
 const TIMEOUT_MS = 250
 /** Not the defaults (5 and 1000 ms), so the test also shows the options are used. */
@@ -26,18 +26,7 @@ const BREAKER = { failures: 3, cooldownMs: 500 }
 const OUTAGE_MS = 4000
 const CAPACITY = 100
 
-function client (t: TeardownTarget, url: string): Redis {
-  const redis = new Redis(url, { retryStrategy: () => 50 })
-  redis.on('error', () => {})
-  t.teardown(() => redis.disconnect())
-  return redis
-}
 
-async function ownServer (t: TeardownTarget): Promise<RedisServer> {
-  const server = await startRedisServer()
-  t.teardown(() => server.stop())
-  return server
-}
 
 /** Breaker states published on 'tollgate:breaker' while the test runs. */
 function watchBreaker (t: TeardownTarget): Array<{ state: string, at: number }> {

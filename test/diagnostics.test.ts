@@ -12,30 +12,18 @@
 import diagnostics from 'node:diagnostics_channel'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
-import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import type { Decision } from '../lib/index.js'
 import { buildApp } from './helpers/app.js'
-import { MODES, modeApp, type Mode } from './helpers/load.js'
-import { startRedisServer, type RedisServer, type TeardownTarget } from './helpers/redis.js'
+import { MODES, faultClient as client, modeApp, ownServer, type Mode } from './helpers/load.js'
+import type { TeardownTarget } from './helpers/redis.js'
 
 const TIMEOUT_MS = 250
 const COOLDOWN_MS = 1000
 const OUTAGE_MS = 3500
 const RECOVERY_TOLERANCE_MS = 500
 
-function client (t: TeardownTarget, url: string): Redis {
-  const redis = new Redis(url, { retryStrategy: () => 50 })
-  redis.on('error', () => {})
-  t.teardown(() => redis.disconnect())
-  return redis
-}
 
-async function ownServer (t: TeardownTarget): Promise<RedisServer> {
-  const server = await startRedisServer()
-  t.teardown(() => server.stop())
-  return server
-}
 
 interface Message { channel: string, message: Record<string, unknown> }
 

@@ -30,14 +30,13 @@
 
 import diagnostics from 'node:diagnostics_channel'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { Redis } from 'ioredis'
 import t from 'tap'
 import { buildApp, captureLogs } from './helpers/app.js'
 import {
-  MODES, ask, checkFallbacks, checkLatency, checkRecovery, modeApp, modeTraffic, warm, type Mode, type Seen
+  MODES, ask, checkFallbacks, checkLatency, checkRecovery, faultClient as client, modeApp, modeTraffic, ownServer, warm, type Mode, type Seen
 } from './helpers/load.js'
 import { startProxy } from './helpers/proxy.js'
-import { infoField, redisCommand, startRedisServer, type RedisServer, type TeardownTarget } from './helpers/redis.js'
+import { infoField, redisCommand } from './helpers/redis.js'
 
 const TIMEOUT_MS = 20
 const DEADLINE_TOLERANCE_MS = 300
@@ -46,20 +45,7 @@ const COOLDOWN_MS = 1000
 const RECOVERY_TOLERANCE_MS = 500
 const FREEZE_MS = 3000
 
-function client (t: TeardownTarget, url: string): Redis {
-  // A fixed, short reconnect delay keeps the repair phases short; every
-  // other option is ioredis's default, as an application would have it.
-  const redis = new Redis(url, { retryStrategy: () => 50 })
-  redis.on('error', () => {})
-  t.teardown(() => redis.disconnect())
-  return redis
-}
 
-async function ownServer (t: TeardownTarget): Promise<RedisServer> {
-  const server = await startRedisServer()
-  t.teardown(() => server.stop())
-  return server
-}
 
 /** Replies to requests sent after `from` and answered before `to`. */
 function between (seen: readonly Seen[], from: number, to: number): Seen[] {

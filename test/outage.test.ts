@@ -25,9 +25,9 @@ import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import { captureLogs, type LogCapture } from './helpers/app.js'
 import {
-  LOCAL, MODES, ask, checkFallbacks, checkLatency, checkRecovery, modeApp, modeTraffic, startLoad, warm, type Mode
+  LOCAL, MODES, ask, checkFallbacks, checkLatency, checkRecovery, faultClient, modeApp, modeTraffic, ownServer, startLoad, warm, type Mode
 } from './helpers/load.js'
-import { startRedisServer, type RedisServer, type TeardownTarget } from './helpers/redis.js'
+import type { TeardownTarget } from './helpers/redis.js'
 
 v8.setFlagsFromString('--expose-gc')
 const gc = runInNewContext('gc') as () => void
@@ -42,17 +42,9 @@ const RECOVERY_TOLERANCE_MS = 500
 function client (t: TeardownTarget, url: string): Redis {
   // ioredis's defaults, as an application would have them: offline queue
   // on, reconnect with backoff, resend of unanswered commands.
-  const redis = new Redis(url)
-  redis.on('error', () => {})
-  t.teardown(() => redis.disconnect())
-  return redis
+  return faultClient(t, url, {})
 }
 
-async function ownServer (t: TeardownTarget): Promise<RedisServer> {
-  const server = await startRedisServer()
-  t.teardown(() => server.stop())
-  return server
-}
 
 /** The queues of an ioredis client: not in its typed API, read for the bound. */
 interface ClientQueues {

@@ -6,11 +6,31 @@
 // of what its clients must see while the store fails and after it recovers.
 
 import { LogController, type FastifyInstance, type FastifyRequest } from 'fastify'
-import type { Redis } from 'ioredis'
+import { Redis, type RedisOptions } from 'ioredis'
 import type { Test } from 'tap'
 import type { Decision, TollgateOptions } from '../../lib/index.js'
 import { buildApp, type LogCapture } from './app.js'
-import type { TeardownTarget } from './redis.js'
+import { startRedisServer, type RedisServer, type TeardownTarget } from './redis.js'
+
+/** A redis-server of the test's own, to freeze, kill or restart; stopped at the end of `t`. */
+export async function ownServer (t: TeardownTarget): Promise<RedisServer> {
+  const server = await startRedisServer()
+  t.teardown(() => server.stop())
+  return server
+}
+
+/**
+ * A client for a Redis that is meant to fail: connection errors are
+ * expected (not reported), and it is disconnected at the end of `t`. By
+ * default it reconnects every 50 ms, which keeps the repair phases short;
+ * every other option is ioredis's default, as an application would have it.
+ */
+export function faultClient (t: TeardownTarget, url: string, options: RedisOptions = { retryStrategy: () => 50 }): Redis {
+  const redis = new Redis(url, options)
+  redis.on('error', () => {})
+  t.teardown(() => redis.disconnect())
+  return redis
+}
 
 export interface LoadResult<T> {
   /** 0, 1, 2, ... in the order the requests were sent. */
