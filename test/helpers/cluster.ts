@@ -58,6 +58,14 @@ export interface RedisCluster {
   masters(): Promise<RedisServer[]>
   /** The master currently serving `key`'s slot. */
   masterFor(key: string): Promise<RedisServer>
+  /** The replicas of `master`, as CLUSTER NODES lists them now (failed ones left out). */
+  replicasOf(master: RedisServer): Promise<RedisServer[]>
+  /**
+   * Wait until every replica connected to `master` has acknowledged the
+   * master's whole replication stream (INFO replication offsets equal).
+   * Rejects after `timeoutMs` (default 10 s).
+   */
+  waitReplicated(master: RedisServer, timeoutMs?: number): Promise<void>
   /**
    * Wait until every running, unpaused node reports cluster_state:ok with all
    * slots served, e.g. after a failover. Rejects after `timeoutMs` (default 30 s).
@@ -173,6 +181,33 @@ class LocalCluster implements RedisCluster {
     const server = owner === undefined ? undefined : this.#handle(owner)
     if (server === undefined) throw new Error(`no master serves slot ${slot} (key ${JSON.stringify(key)})`)
     return server
+  }
+
+  async replicasOf (master: RedisServer): Promise<RedisServer[]> {
+    const infos = await this.clusterNodes()
+    const self = infos.find(info => info.port === master.port)
+    if (self === undefined) throw new Error(`${master.port} is not in CLUSTER NODES`)
+    return infos
+      .filter(info => info.masterId === self.id && !info.flags.includes('fail'))
+      .flatMap(info => this.#handle(info) ?? [])
+  }
+
+  async waitReplicated (master: RedisServer, timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs
+    for (;;) {
+      const info = await redisCommand(master, ['INFO', 'replication'], { timeoutMs: 1_000 })
+      const offset = infoField(info, 'master_repl_offset')
+      const replicas = Number(infoField(info, 'connected_slaves'))
+      // slaveN:ip=...,port=...,state=online,offset=...,lag=...
+      const behind = Array.from({ length: replicas }, (_, i) => infoField(info, `slave${i}`) ?? '')
+        .filter(line => !line.includes('state=online') || !line.includes(`offset=${String(offset)},`))
+      if (replicas > 0 && behind.length === 0) return
+      if (Date.now() > deadline) {
+        throw new Error(`replicas of ${master.port} not caught up after ${timeoutMs} ms: ` +
+          `offset ${String(offset)}, ${replicas} connected, behind: ${behind.join(' ')}`)
+      }
+      await sleep(20)
+    }
   }
 
   /** Why the cluster is not healthy yet, or undefined when it is. */
