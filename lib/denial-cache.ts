@@ -1,8 +1,8 @@
+import { LruMap } from 'toad-cache'
 import type { BucketSpec } from './store.js'
 import type { Decision } from './types.js'
 
 interface Denial {
-  keys: readonly string[]
   /** performance.now() at which the store may allow again. */
   until: number
   /** performance.now() when the denied call was sent. */
@@ -23,15 +23,16 @@ interface Denial {
  * store would allow; it may send a call up to one round trip earlier than
  * needed, which the store then decides.
  *
- * Keyed by the request's bucket keys (one entry per key set); size-capped,
- * oldest entry dropped first.
+ * Keyed by the request's bucket keys (one entry per key set, the keys
+ * joined by '\n'); size-capped, least recently used entry dropped first,
+ * in O(1) (toad-cache's LruMap: see lib/memory-store.ts for why not a
+ * plain Map).
  */
 export class DenialCache {
-  readonly #entries = new Map<string, Denial>()
-  readonly #maxKeys: number
+  readonly #entries: LruMap<Denial>
 
   constructor (maxKeys: number) {
-    this.#maxKeys = maxKeys
+    this.#entries = new LruMap<Denial>(maxKeys)
   }
 
   get size (): number {
@@ -54,17 +55,22 @@ export class DenialCache {
   }
 
   set (id: string, specs: readonly BucketSpec[], decision: Decision, sentAt: number): void {
-    const entries = this.#entries
-    entries.delete(id)
-    entries.set(id, { keys: specs.map((s) => s.key), until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
-    if (entries.size > this.#maxKeys) entries.delete(entries.keys().next().value as string)
+    this.#entries.set(id, { until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
   }
 
-  /** Drops every denial that involves `key`. */
+  /**
+   * Drops every denial that involves `key`. Bucket names may hold '\n', so
+   * an id cannot be split back into its keys: this drops every id that
+   * has `key` as a whole '\n'-separated part, which may also drop a denial
+   * that does not involve it. That costs one store call, never a wrong
+   * answer.
+   */
   forget (key: string): void {
-    for (const [id, entry] of this.#entries) {
-      if (entry.keys.includes(key)) this.#entries.delete(id)
+    const gone: string[] = []
+    for (const id of this.#entries.keys() as IterableIterator<string>) {
+      if (id === key || id.startsWith(key + '\n') || id.endsWith('\n' + key) || id.includes('\n' + key + '\n')) gone.push(id)
     }
+    this.#entries.deleteMany(gone)
   }
 
   clear (): void {
