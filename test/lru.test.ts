@@ -8,7 +8,7 @@
 // machine's other load disturbed least). A loaded machine slows both sides
 // alike, so the ratio holds where an absolute figure would not. Each round
 // is thousands of operations, so one timer tick or one GC pause cannot move
-// it much. Per request the bound is the SPEC's 2x (measured: 1.1x-1.4x).
+// it much. Per request the bound is the SPEC's 2x (measured: 1.0x-1.3x).
 
 import { Redis } from 'ioredis'
 import t from 'tap'
