@@ -1,13 +1,14 @@
+import { LruMap } from 'toad-cache'
 import type { BucketSpec } from './store.js'
 import type { Decision } from './types.js'
 
 interface Denial {
-  keys: readonly string[]
   /** performance.now() at which the store may allow again. */
   until: number
   /** performance.now() when the denied call was sent. */
   sentAt: number
-  costs: readonly number[]
+  /** The denied request's buckets: key, capacity, refill and cost of each. */
+  specs: readonly BucketSpec[]
   decision: Decision
 }
 
@@ -18,27 +19,34 @@ interface Denial {
  * before they can afford the cost (`retryAfterMs`, on the store's clock,
  * measured when the script ran). The script ran after the call was sent,
  * so `sentAt + retryAfterMs` is no later than the moment the store would
- * allow again: until then, a request for the same buckets with a cost at
- * least as high is denied here without a call. This never denies what the
- * store would allow; it may send a call up to one round trip earlier than
- * needed, which the store then decides.
+ * allow again: until then, a request for the same buckets, under the same
+ * capacity and refill, with a cost at least as high, is denied here without
+ * a call. This never denies what the store would allow; it may send a call
+ * up to one round trip earlier than needed, which the store then decides.
  *
- * Keyed by the request's bucket keys (one entry per key set); size-capped,
- * oldest entry dropped first.
+ * Why the same capacity and refill: routes that name one bucket may give it
+ * different policies, and a bucket's stored state means a different token
+ * count under each. A denial under capacity 2 says nothing about capacity
+ * 100; under the same policy, spending by anyone only delays the moment the
+ * bucket can afford the cost, so the denial stays true until `until`.
+ *
+ * Keyed by the request's bucket keys (one entry per key set, the keys
+ * joined by '\n'); size-capped, least recently used entry dropped first,
+ * in O(1) (toad-cache's LruMap: see lib/memory-store.ts for why not a
+ * plain Map).
  */
 export class DenialCache {
-  readonly #entries = new Map<string, Denial>()
-  readonly #maxKeys: number
+  readonly #entries: LruMap<Denial>
 
   constructor (maxKeys: number) {
-    this.#maxKeys = maxKeys
+    this.#entries = new LruMap<Denial>(maxKeys)
   }
 
   get size (): number {
     return this.#entries.size
   }
 
-  /** A denial still in force for these keys and costs, shifted to now; else undefined. */
+  /** A denial still in force for these buckets, policies and costs, shifted to now; else undefined. */
   get (id: string, specs: readonly BucketSpec[]): Decision | undefined {
     const entry = this.#entries.get(id)
     if (entry === undefined) return undefined
@@ -47,29 +55,46 @@ export class DenialCache {
       this.#entries.delete(id)
       return undefined
     }
-    for (let i = 0; i < specs.length; i++) {
-      if ((specs[i] as BucketSpec).cost < (entry.costs[i] as number)) return undefined
-    }
+    if (!covers(entry.specs, specs)) return undefined
     return shift(entry.decision, now - entry.sentAt)
   }
 
   set (id: string, specs: readonly BucketSpec[], decision: Decision, sentAt: number): void {
-    const entries = this.#entries
-    entries.delete(id)
-    entries.set(id, { keys: specs.map((s) => s.key), until: sentAt + decision.retryAfterMs, sentAt, costs: specs.map((s) => s.cost), decision })
-    if (entries.size > this.#maxKeys) entries.delete(entries.keys().next().value as string)
+    this.#entries.set(id, { until: sentAt + decision.retryAfterMs, sentAt, specs, decision })
   }
 
-  /** Drops every denial that involves `key`. */
+  /**
+   * Drops every denial that involves `key`. Bucket names may hold '\n', so
+   * an id cannot be split back into its keys: this drops every id that
+   * has `key` as a whole '\n'-separated part, which may also drop a denial
+   * that does not involve it. That costs one store call, never a wrong
+   * answer.
+   */
   forget (key: string): void {
-    for (const [id, entry] of this.#entries) {
-      if (entry.keys.includes(key)) this.#entries.delete(id)
+    const gone: string[] = []
+    for (const id of this.#entries.keys() as IterableIterator<string>) {
+      if (id === key || id.startsWith(key + '\n') || id.endsWith('\n' + key) || id.includes('\n' + key + '\n')) gone.push(id)
     }
+    this.#entries.deleteMany(gone)
   }
 
   clear (): void {
     this.#entries.clear()
   }
+}
+
+/**
+ * True when a request for `asked` is denied wherever `denied` was: the same
+ * buckets under the same capacity and refill, each cost at least as high.
+ */
+function covers (denied: readonly BucketSpec[], asked: readonly BucketSpec[]): boolean {
+  if (denied.length !== asked.length) return false
+  for (let i = 0; i < asked.length; i++) {
+    const d = denied[i] as BucketSpec
+    const a = asked[i] as BucketSpec
+    if (a.key !== d.key || a.capacity !== d.capacity || a.refillPerSecond !== d.refillPerSecond || a.cost < d.cost) return false
+  }
+  return true
 }
 
 function shift (decision: Decision, elapsed: number): Decision {

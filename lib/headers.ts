@@ -10,14 +10,48 @@ export interface HeaderPolicy {
   bucket: string
 }
 
-/** Seconds until a retry may pass: at least 1. */
-export function retrySeconds (retryAfterMs: number): number {
-  return Math.max(1, Math.ceil(retryAfterMs / 1000))
+/**
+ * The largest header integer: RFC 9651 sf-integers have at most 15 digits.
+ * Every number tollgate puts in a header is a whole number in 0..this, so
+ * each value parses as an integer in every mode (a plain `String(n)` of a
+ * capacity of 2.5, 1e-9 or 1e21 gives a decimal or an exponent). Capped
+ * values describe a bucket or a wait of over 31 million years, so the cap
+ * shows no client a quota it does not have.
+ */
+export const MAX_HEADER_INTEGER = 999_999_999_999_999
+
+/** A whole, non-negative number within MAX_HEADER_INTEGER. */
+function headerInteger (n: number): number {
+  return Math.min(MAX_HEADER_INTEGER, Math.max(0, n))
 }
 
-/** Window of a policy in seconds: the time an empty bucket takes to fill. */
+/**
+ * A capacity as a header shows it: whole tokens, rounded down, as
+ * `remaining` is. A capacity below 1 shows 0: such a bucket never holds a
+ * whole token (requests of a smaller cost still pass).
+ */
+function limitShown (capacity: number): number {
+  return headerInteger(Math.floor(capacity))
+}
+
+/** Seconds until a retry may pass: at least 1. */
+export function retrySeconds (retryAfterMs: number): number {
+  return headerInteger(Math.max(1, Math.ceil(retryAfterMs / 1000)))
+}
+
+/** Seconds until the bucket is full again. */
+function resetSeconds (resetMs: number): number {
+  return headerInteger(Math.ceil(resetMs / 1000))
+}
+
+/** Whole tokens left, never more than the limit shown. */
+function remainingShown (decision: Decision): number {
+  return Math.min(headerInteger(decision.remaining), limitShown(decision.limit))
+}
+
+/** Window of a policy in seconds: the time an empty bucket takes to fill (at least 1). */
 export function windowSeconds (policy: HeaderPolicy): number {
-  return Math.ceil(policy.capacity / policy.refillPerSecond)
+  return headerInteger(Math.max(1, Math.ceil(policy.capacity / policy.refillPerSecond)))
 }
 
 /** A string as an RFC 9651 sf-string: printable ASCII, with `"` and `\` escaped. */
@@ -36,8 +70,8 @@ export class PolicyHeaders {
   readonly #localList: string
 
   constructor (policies: readonly HeaderPolicy[], local: readonly HeaderPolicy[]) {
-    for (const p of policies) this.#single.set(p.bucket, `${p.capacity};w=${windowSeconds(p)}`)
-    for (const p of local) this.#single.set('\0' + p.bucket, `${p.capacity};w=${windowSeconds(p)}`)
+    for (const p of policies) this.#single.set(p.bucket, draft6Policy(p))
+    for (const p of local) this.#single.set('\0' + p.bucket, draft6Policy(p))
     this.#list = draft10List(policies)
     this.#localList = draft10List(local)
   }
@@ -51,8 +85,12 @@ export class PolicyHeaders {
   }
 }
 
+function draft6Policy (p: HeaderPolicy): string {
+  return `${limitShown(p.capacity)};w=${windowSeconds(p)}`
+}
+
 function draft10List (policies: readonly HeaderPolicy[]): string {
-  return policies.map((p) => `${sfString(p.bucket)};q=${p.capacity};w=${windowSeconds(p)}`).join(', ')
+  return policies.map((p) => `${sfString(p.bucket)};q=${limitShown(p.capacity)};w=${windowSeconds(p)}`).join(', ')
 }
 
 /**
@@ -63,23 +101,23 @@ function draft10List (policies: readonly HeaderPolicy[]): string {
  */
 export function setHeaders (reply: FastifyReply, mode: HeaderMode, decision: Decision, policies: PolicyHeaders): void {
   if (mode === 'draft-6') {
-    reply.header('ratelimit-limit', decision.limit)
-    reply.header('ratelimit-remaining', decision.remaining)
-    reply.header('ratelimit-reset', Math.ceil(decision.resetMs / 1000))
+    reply.header('ratelimit-limit', limitShown(decision.limit))
+    reply.header('ratelimit-remaining', remainingShown(decision))
+    reply.header('ratelimit-reset', resetSeconds(decision.resetMs))
     reply.header('ratelimit-policy', policies.single(decision))
   } else if (mode === 'draft-10') {
     reply.header('ratelimit-policy', policies.list(decision))
     const all = decision.policies ?? [decision]
     let value = ''
     for (const d of all) {
-      const t = d.retryAfterMs > 0 ? retrySeconds(d.retryAfterMs) : Math.ceil(d.resetMs / 1000)
-      value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${d.remaining};t=${t}`
+      const t = d.retryAfterMs > 0 ? retrySeconds(d.retryAfterMs) : resetSeconds(d.resetMs)
+      value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${remainingShown(d)};t=${t}`
     }
     reply.header('ratelimit', value)
   } else if (mode === 'legacy') {
-    reply.header('x-ratelimit-limit', decision.limit)
-    reply.header('x-ratelimit-remaining', decision.remaining)
-    reply.header('x-ratelimit-reset', Math.ceil(decision.resetMs / 1000))
+    reply.header('x-ratelimit-limit', limitShown(decision.limit))
+    reply.header('x-ratelimit-remaining', remainingShown(decision))
+    reply.header('x-ratelimit-reset', resetSeconds(decision.resetMs))
   }
   if (!decision.allowed) reply.header('retry-after', retrySeconds(decision.retryAfterMs))
 }

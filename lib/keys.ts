@@ -2,6 +2,10 @@ import { createHash } from 'node:crypto'
 import { isIPv6 } from 'node:net'
 
 const SAFE_ID = /^[A-Za-z0-9._:-]{1,64}$/
+/** A UTF-16 code unit of a surrogate pair, standing alone. */
+const LONE_SURROGATE = /\p{Cs}/u
+/** Never a byte of UTF-8: marks the hash input of an id that UTF-8 cannot encode. */
+const NOT_UTF8 = Buffer.of(0xff)
 
 /**
  * The client part of a key, safe to put inside a Redis Cluster hash tag:
@@ -10,10 +14,21 @@ const SAFE_ID = /^[A-Za-z0-9._:-]{1,64}$/
  * '#' and 26 base64url characters of its SHA-256. '#' never appears in a
  * kept id, so a hashed id cannot collide with a kept one, and no input can
  * leave the hash tag, pick its slot, or make the key long.
+ *
+ * Why two encodings: the hash must see distinct ids as distinct bytes.
+ * UTF-8 does for every well-formed string, and it is what earlier versions
+ * hashed, so their keys (and a fleet mid-upgrade) stay the same. A lone
+ * surrogate has no UTF-8 form: encoding it gives U+FFFD, so "bob\ud800"
+ * would share a bucket with "bob\ufffd". Such an id is hashed as its UTF-16
+ * code units instead, behind a 0xff byte that UTF-8 never holds, so the two
+ * kinds of input never meet.
  */
 export function clientId (id: string): string {
   if (SAFE_ID.test(id)) return id
-  return '#' + createHash('sha256').update(id).digest('base64url').slice(0, 26)
+  const hash = createHash('sha256')
+  if (LONE_SURROGATE.test(id)) hash.update(NOT_UTF8).update(id, 'utf16le')
+  else hash.update(id, 'utf8')
+  return '#' + hash.digest('base64url').slice(0, 26)
 }
 
 /** `<prefix>:{<client>}:<bucket>`; the braces make the client a hash tag. */

@@ -1,3 +1,4 @@
+import { LruMap } from 'toad-cache'
 import { bucketState, type BucketSpec, type BucketState, type StoreReply } from './store.js'
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
@@ -17,18 +18,21 @@ export interface MemoryStoreOptions {
  * and rounding as lua/token-bucket.lua: one number per bucket, the
  * microsecond at which it is full again. Correct for one process only.
  *
- * Size-capped: past `maxKeys` the least recently written bucket is dropped,
- * which makes it full again (the cap trades a little over-admission for
- * bounded memory; the default is far above what one process sees at once).
- * Buckets are kept in write order, so the oldest entry is the one to drop.
+ * Size-capped: past `maxKeys` the least recently used bucket (read or
+ * written) is dropped, which makes it full again (the cap trades a little
+ * over-admission for bounded memory; the default is far above what one
+ * process sees at once). A client that keeps knocking on its empty bucket
+ * keeps it in memory. The map is an LRU with O(1) eviction (toad-cache's
+ * LruMap, a Map plus a linked list): finding the oldest entry of a plain
+ * Map through `keys().next()` walks the holes that its deletions leave, so
+ * at the cap a new client would cost many times what it costs below it.
  */
 export class MemoryStore {
-  readonly #fullAt = new Map<string, number>()
-  readonly #maxKeys: number
+  readonly #fullAt: LruMap<number>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
-    this.#maxKeys = options.maxKeys ?? 100_000
+    this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
 
@@ -52,7 +56,7 @@ export class MemoryStore {
         const spec = specs[i] as BucketSpec
         const busy = Math.ceil((values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
         values[i] = busy
-        this.#write(spec.key, now + busy)
+        this.#fullAt.set(spec.key, now + busy)
       }
     }
     const buckets: BucketState[] = []
@@ -66,12 +70,5 @@ export class MemoryStore {
 
   clear (): void {
     this.#fullAt.clear()
-  }
-
-  #write (key: string, full: number): void {
-    const map = this.#fullAt
-    map.delete(key)
-    map.set(key, full)
-    if (map.size > this.#maxKeys) map.delete(map.keys().next().value as string)
   }
 }

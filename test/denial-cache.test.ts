@@ -13,6 +13,8 @@ import { Redis } from 'ioredis'
 import t from 'tap'
 import { DenialCache } from '../lib/denial-cache.js'
 import { createLimiter, type Decision, type Limiter, type LimiterOptions, type Policy } from '../lib/index.js'
+import type { BucketSpec } from '../lib/store.js'
+import { buildApp } from './helpers/app.js'
 import { randomSource, scriptCalls } from './helpers/model.js'
 import { startRedisServer } from './helpers/redis.js'
 
@@ -138,6 +140,60 @@ t.test('a cheaper request is not held back by the cached denial of a dearer one'
   t.equal(await scriptCalls(admin) - before, 1, 'one call')
   t.match(await limiter.consume('c', p, 1), { allowed: false, source: 'store' }, 'cost 1 with nothing left: Redis denies')
   t.match(await limiter.consume('c', p, 1), { allowed: false, source: 'cache' }, 'and now cost 1 is cached')
+})
+
+t.test('routes sharing a bucket under other policies: a denial under one never answers the other', async (t) => {
+  // Three routes name one bucket. Refill 0.01/s: a token every 100 s, so
+  // nothing refills during the test. /slow has /small's capacity but a
+  // tenth of its refill, so the same stored state holds more tokens under it.
+  const { app } = await buildApp(t, {
+    plugin: { redis: await connect(t), capacity: 100, refillPerSecond: 0.01, timeout: 2000 },
+    routes: (app) => {
+      app.get('/small', { config: { rateLimit: { bucket: 'shared', capacity: 2 } } }, async () => 'small')
+      app.get('/large', { config: { rateLimit: { bucket: 'shared' } } }, async () => 'large')
+      app.get('/slow', { config: { rateLimit: { bucket: 'shared', capacity: 2, refillPerSecond: 0.001 } } }, async () => 'slow')
+    }
+  })
+  const get = async (url: string): Promise<[number, string | undefined, string | undefined, number]> => {
+    const before = await scriptCalls(admin)
+    const res = await app.inject(url)
+    const limit = res.headers['ratelimit-limit'] as string | undefined
+    const remaining = res.headers['ratelimit-remaining'] as string | undefined
+    return [res.statusCode, limit, remaining, await scriptCalls(admin) - before]
+  }
+  t.same(await get('/small'), [200, '2', '1', 1])
+  t.same(await get('/small'), [200, '2', '0', 1])
+  t.same(await get('/small'), [429, '2', '0', 1], '/small: Redis denies the third')
+  t.same(await get('/small'), [429, '2', '0', 0], '/small again: denied from the cache, no Redis call')
+  // 2 tokens spent of 100: Redis allows /large, and so must tollgate.
+  t.same(await get('/large'), [200, '100', '97', 1], '/large (capacity 100): asked of Redis, which allows it')
+  // 3 tokens spent is 300 s of refill at 0.01/s; at 0.001/s that is 0.3
+  // token: under /slow's policy the bucket holds 1.7.
+  t.same(await get('/slow'), [200, '2', '0', 1], '/slow (same capacity, slower refill): asked of Redis, which allows it')
+  t.same(await get('/small'), [429, '2', '0', 0], '/small: its own cached denial still answers it')
+})
+
+t.test('a cached denial answers only the same buckets under the same policies', async (t) => {
+  const cache = new DenialCache(10)
+  const denied = await (async () => {
+    const limiter = await newLimiter(t)
+    const p = policy('api', 1, 0.1)
+    await limiter.consume('c', p)
+    return await limiter.consume('c', p)
+  })()
+  const spec = (key: string, capacity = 1, refillPerSecond = 0.1, cost = 1): BucketSpec => ({ key, capacity, refillPerSecond, cost })
+  cache.set('k', [spec('k')], denied, performance.now())
+  t.ok(cache.get('k', [spec('k')]), 'the same request: answered')
+  t.ok(cache.get('k', [spec('k', 1, 0.1, 2)]), 'a dearer one: answered')
+  t.notOk(cache.get('k', [spec('k', 1, 0.1, 0.5)]), 'a cheaper one: not answered')
+  t.notOk(cache.get('k', [spec('k', 2)]), 'another capacity: not answered')
+  t.notOk(cache.get('k', [spec('k', 0.5, 0.1, 0.5)]), 'a smaller capacity, even with its whole capacity as cost: not answered')
+  t.notOk(cache.get('k', [spec('k', 1, 0.2)]), 'another refill: not answered')
+  // Bucket names may hold '\n', so two key lists can join to one id.
+  cache.set('a\nb\nc', [spec('a\nb'), spec('c')], denied, performance.now())
+  t.ok(cache.get('a\nb\nc', [spec('a\nb'), spec('c')]), 'the same keys: answered')
+  t.notOk(cache.get('a\nb\nc', [spec('a'), spec('b\nc')]), 'other keys with the same id: not answered')
+  t.notOk(cache.get('a\nb\nc', [spec('a'), spec('b'), spec('c')]), 'more keys with the same id: not answered')
 })
 
 t.test('several policies: denials are cached by the set of buckets', async (t) => {

@@ -1,6 +1,7 @@
 // Rate-limit headers (SPEC section 6): exact values in every mode, for a 200
 // and for a 429, with one policy and with several; draft-10 values checked
-// with an RFC 9651 parser.
+// with an RFC 9651 parser; every value, in every mode, over a sweep of
+// extreme capacities, refills and costs, parses as an integer.
 //
 // Timing: expected values below assume the requests of one sequence run
 // within 250 ms of each other. Every expected number is a floor or a ceiling
@@ -10,12 +11,14 @@
 // own elapsed time, so a machine too slow for that fails loudly instead of
 // producing a confusing mismatch.
 
+import { Redis } from 'ioredis'
 import t from 'tap'
 import type { LightMyRequestResponse } from 'fastify'
 import { parseItem, parseList, type Item, type List } from 'structured-headers'
+import { MAX_HEADER_INTEGER } from '../lib/headers.js'
 import type { Decision } from '../lib/index.js'
 import { buildApp, type TestApp } from './helpers/app.js'
-import { redisUrl } from './helpers/redis.js'
+import { freePort, redisUrl } from './helpers/redis.js'
 
 await redisUrl(t)
 
@@ -315,4 +318,130 @@ t.test('bucket names are escaped into valid sf-strings', async (t) => {
   }
   const both = await app.inject('/both')
   t.same(parsed(both.headers['ratelimit-policy'] as string).map(([name]) => name), [names[0], names[1]])
+})
+
+/** Checks one header value as its draft says; returns what is wrong with it, if anything. */
+function headerProblem (name: string, value: string): string | undefined {
+  const integer = (n: unknown): boolean => typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= MAX_HEADER_INTEGER
+  try {
+    if (name === 'ratelimit' || (name === 'ratelimit-policy' && value.startsWith('"'))) {
+      // draft-10: a list of sf-strings, each with integer parameters.
+      const params = name === 'ratelimit' ? ['r', 't'] : ['q', 'w']
+      for (const [bucket, p] of parsed(value)) {
+        if (typeof bucket !== 'string') return 'a member that is not an sf-string'
+        if (Object.keys(p).sort().join() !== params.join()) return `parameters ${Object.keys(p).join()}, not ${params.join()}`
+        for (const key of params) if (!integer(p[key])) return `${key}=${String(p[key])} is not an integer in 0..${MAX_HEADER_INTEGER}`
+      }
+    } else if (name === 'ratelimit-policy') {
+      // draft-6: a list of integers with an integer `w`.
+      for (const [quota, p] of parsed(value)) {
+        if (!integer(quota) || !integer(p.w) || Object.keys(p).join() !== 'w') return 'not <integer>;w=<integer>'
+      }
+    } else {
+      // An sf-integer Item (draft-6), a plain integer (legacy), delay-seconds (Retry-After).
+      if (!/^\d{1,15}$/.test(value)) return 'not an integer of at most 15 digits'
+      if (name.startsWith('ratelimit-') && !integer(parseItem(value)[0])) return 'not an sf-integer'
+    }
+  } catch (err) {
+    return `does not parse: ${(err as Error).message}`
+  }
+  return undefined
+}
+
+t.test('every header value is an integer that parses as its draft says, for extreme capacities, refills and costs', async (t) => {
+  // Capacities from 1e-9 to 1e300, each with refills that fill it in a
+  // microsecond, 2.5 s or 4 months, and costs of the whole capacity, a
+  // third of it and (where it fits) 1. The store's arithmetic bounds the
+  // sweep: the wait of one request must stay within Redis's integers.
+  const capacities = [1e-9, 0.5, 1, 2.5, 7.999, 999_999_999_999_999, 1e15, 1e21, 1e300]
+  const windows = [1e-6, 2.5, 1e7]
+  const shapes: Array<{ capacity: number, refillPerSecond: number, cost: number }> = []
+  for (const capacity of capacities) {
+    for (const window of windows) {
+      const costs = new Set([capacity, capacity / 3, ...(capacity >= 1 ? [1] : [])])
+      for (const cost of costs) shapes.push({ capacity, refillPerSecond: capacity / window, cost })
+    }
+  }
+  const problems: string[] = []
+  let values = 0
+  for (const headers of ['draft-6', 'draft-10', 'legacy', false] as const) {
+    const { app } = await buildApp(t, {
+      plugin: { headers },
+      routes: (app) => {
+        shapes.forEach((shape, i) => app.get(`/s${i}`, { config: { rateLimit: shape } }, async (request) => request.rateLimit))
+      }
+    })
+    for (let i = 0; i < shapes.length; i++) {
+      const shape = shapes[i] as typeof shapes[number]
+      // Until a denial (at most 4 requests): 200s and a 429.
+      for (let n = 0; n < 4; n++) {
+        const res = await app.inject(`/s${i}`)
+        const what = `${String(headers)} ${JSON.stringify(shape)} request ${n + 1} (${res.statusCode})`
+        if (res.statusCode !== 200 && res.statusCode !== 429) {
+          problems.push(`${what}: status ${res.statusCode}`)
+          break
+        }
+        const rate = rateHeaders(res)
+        for (const [name, value] of Object.entries(rate)) {
+          values++
+          const problem = headerProblem(name, value)
+          if (problem !== undefined) problems.push(`${what}: ${name}: ${value}: ${problem}`)
+        }
+        // No fake quota: no more than the capacity, no more than is left.
+        const shown = Math.min(MAX_HEADER_INTEGER, Math.floor(shape.capacity))
+        const limit = rate['ratelimit-limit'] ?? rate['x-ratelimit-limit']
+        if (limit !== undefined && Number(limit) !== shown) problems.push(`${what}: limit ${limit}, not ${shown}`)
+        const remaining = rate['ratelimit-remaining'] ?? rate['x-ratelimit-remaining']
+        if (res.statusCode === 200 && remaining !== undefined && Number(remaining) > res.json<Decision>().remaining) {
+          problems.push(`${what}: remaining ${remaining} > ${res.json<Decision>().remaining} left`)
+        }
+        if (res.statusCode === 429) {
+          if (rate['retry-after'] === undefined) problems.push(`${what}: no Retry-After`)
+          break
+        }
+      }
+    }
+  }
+  t.comment(`${shapes.length} shapes x 4 modes, ${values} header values checked`)
+  t.same(problems.slice(0, 10), [], `every value parses (${problems.length} problems)`)
+})
+
+t.test('the local fallback\'s headers parse too, up to a window longer than a double holds', async (t) => {
+  const redis = new Redis({ port: await freePort(), lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
+  redis.on('error', () => {})
+  t.teardown(() => redis.disconnect())
+  // capacity / refill overflows to Infinity; the in-process bucket copes.
+  const local = { capacity: 1e300, refillPerSecond: 1e-300 }
+  for (const headers of ['draft-6', 'draft-10'] as const) {
+    const { app } = await buildApp(t, {
+      plugin: { redis, capacity: 1, refillPerSecond: 1, failureMode: 'local', local, headers },
+      routes: (app) => { app.get('/x', async () => 'x') }
+    })
+    const res = await app.inject('/x')
+    t.equal(res.statusCode, 200)
+    const rate = rateHeaders(res)
+    for (const [name, value] of Object.entries(rate)) t.equal(headerProblem(name, value), undefined, `${headers} ${name}: ${value}`)
+    const max = MAX_HEADER_INTEGER
+    if (headers === 'draft-6') t.equal(rate['ratelimit-policy'], `${max};w=${max}`, 'capacity and window capped at 15 digits')
+    else t.equal(rate['ratelimit-policy'], `"GET /x";q=${max};w=${max}`, 'capacity and window capped at 15 digits')
+  }
+})
+
+t.test('fractional capacities show whole tokens, rounded down; below 1 shows 0', async (t) => {
+  const { app } = await buildApp(t, {
+    plugin: { refillPerSecond: 0.01, headers: 'draft-6' },
+    routes: (app) => {
+      app.get('/frac', { config: { rateLimit: { capacity: 2.5 } } }, async () => 'x')
+      app.get('/tiny', { config: { rateLimit: { capacity: 0.5, cost: 0.25 } } }, async () => 'x')
+    }
+  })
+  // 2.5 tokens, w = ceil(250 s); after one request 1.5 left.
+  t.same(rateHeaders(await app.inject('/frac')), {
+    'ratelimit-limit': '2', 'ratelimit-remaining': '1', 'ratelimit-reset': '100', 'ratelimit-policy': '2;w=250'
+  })
+  const tiny = await app.inject('/tiny')
+  t.equal(tiny.statusCode, 200, 'a request within a capacity of 0.5 passes')
+  t.same(rateHeaders(tiny), {
+    'ratelimit-limit': '0', 'ratelimit-remaining': '0', 'ratelimit-reset': '25', 'ratelimit-policy': '0;w=50'
+  }, 'and its headers show no whole token')
 })

@@ -1,14 +1,19 @@
 // Keys in Redis (SPEC section 4): buckets per route pattern, shared buckets,
 // hostile client ids hashed into a safe hash tag, IPv6 subnets, and the
 // client IP following Fastify's trustProxy only. lib/keys.ts is unit-tested
-// at the end.
+// at the end. Replay the random part: TOLLGATE_SEED=<seed printed below>.
 
+import { createHash, randomInt } from 'node:crypto'
 import t from 'tap'
 import { bucketKey, clientId, ipIdentity } from '../lib/keys.js'
 import { buildApp } from './helpers/app.js'
+import { randomSource } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
 
 await redisUrl(t)
+
+const seed = process.env.TOLLGATE_SEED === undefined ? randomInt(2 ** 31) : Number(process.env.TOLLGATE_SEED)
+t.comment(`seed ${seed} (replay with TOLLGATE_SEED=${seed})`)
 
 const IP = '127.0.0.1'
 
@@ -118,6 +123,24 @@ t.test('hostile client ids are hashed; safe ones kept', async (t) => {
   t.equal((await keys()).length, ids.length)
 })
 
+t.test('ids that differ only by a lone surrogate have buckets of their own', async (t) => {
+  // UTF-8 cannot encode a lone surrogate; encoded, it reads as U+FFFD.
+  const ids = ['bob\ud800', 'bob\ufffd', 'bob\udc00', 'bob', '\ud800', '\ufffd', '\udc00\ud800', '\ud800\udc00']
+  const { app, keys } = await buildApp(t, {
+    plugin: {
+      capacity: 1,
+      refillPerSecond: 0.01,
+      key: (request) => ids[Number((request.query as { i: string }).i)] as string
+    },
+    routes: (app) => { app.get('/x', async () => 'x') }
+  })
+  const statuses: number[] = []
+  for (let i = 0; i < ids.length; i++) statuses.push((await app.inject(`/x?i=${i}`)).statusCode)
+  t.same(statuses, ids.map(() => 200), 'each id spends its own single token: none is locked out by another')
+  t.equal((await keys()).length, ids.length, 'one key per id')
+  t.equal((await app.inject('/x?i=0')).statusCode, 429, 'and the same id again finds its own, empty bucket')
+})
+
 t.test('IPv6 clients are keyed by their /56 by default', async (t) => {
   const { app, keys, prefix } = await buildApp(t, {
     plugin: { capacity: 10, refillPerSecond: 0.01 },
@@ -203,6 +226,46 @@ t.test('lib/keys.ts', async (t) => {
     t.equal(clientId('{x}'), clientId('{x}'), 'stable')
     t.match(clientId(''), /^#/, 'an empty id is hashed, not kept')
     t.match(clientId('\n'), /^#/)
+  })
+
+  t.test('clientId: lone surrogates', async (t) => {
+    t.not(clientId('bob\ud800'), clientId('bob\ufffd'), 'a lone high surrogate is not U+FFFD')
+    t.not(clientId('bob\udc00'), clientId('bob\ufffd'), 'a lone low surrogate is not U+FFFD')
+    t.not(clientId('bob\ud800'), clientId('bob\udc00'), 'nor are the two alike')
+    t.not(clientId('\udc00\ud800'), clientId('\ud800\udc00'), 'a reversed pair is not the pair')
+    t.equal(clientId('bob\ud800'), clientId('bob\ud800'), 'stable')
+    t.match(clientId('bob\ud800'), /^#[A-Za-z0-9_-]{26}$/, 'and of the same form')
+    // Well-formed ids hash as their UTF-8 bytes, as before: existing keys stay.
+    const utf8 = (id: string): string => '#' + createHash('sha256').update(Buffer.from(id, 'utf8')).digest('base64url').slice(0, 26)
+    for (const id of ['{x}', 'ünïcödé', '\ud83d\ude00 emoji pair', '\ufffd', 'x'.repeat(100)]) {
+      t.equal(clientId(id), utf8(id), `unchanged for ${JSON.stringify(id).slice(0, 20)}`)
+    }
+  })
+
+  t.test('clientId: distinct ids give distinct client parts (random strings with surrogates)', async (t) => {
+    // Few code units, short strings: many ids repeat, and many differ only
+    // by a lone surrogate, a pair or U+FFFD, the cases an encoding can merge.
+    const units = ['a', '{', '#', '\ufffd', '\ud800', '\udbff', '\udc00', '\udfff', '\ud83d', '\ude00', '\u00e9', '\u0000']
+    const random = randomSource(seed)
+    const byPart = new Map<string, string>()
+    const clashes: string[] = []
+    const ids = new Set<string>()
+    for (let i = 0; i < 20_000; i++) {
+      let id = ''
+      const length = Math.floor(random() * 6)
+      for (let j = 0; j < length; j++) id += units[Math.floor(random() * units.length)] as string
+      ids.add(id)
+      const part = clientId(id)
+      const seen = byPart.get(part)
+      if (seen === undefined) {
+        byPart.set(part, id)
+      } else if (seen !== id) {
+        clashes.push(`${JSON.stringify(seen)} and ${JSON.stringify(id)}`)
+      }
+    }
+    t.comment(`${ids.size} distinct ids, ${byPart.size} distinct client parts`)
+    t.same(clashes.slice(0, 5), [], `no two distinct ids share a client part (${clashes.length} clashes)`)
+    t.ok(ids.size > 5000, `enough distinct ids (${ids.size})`)
   })
 
   t.test('bucketKey', async (t) => {
