@@ -19,6 +19,11 @@
 // instance too): they spend from one bucket per client, named '404' (never
 // the raw URL, so unknown URLs cannot create keys), with the `notFound`
 // policy; by default, with `global: true`, the plugin's own.
+//
+// A request without a client address (`request.ip` is undefined on a Unix
+// socket) is keyed as one shared client, 'no-address', never a 500; a
+// warning says so once. A key per connection would give a client a fresh
+// bucket per reconnect.
 
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
@@ -41,6 +46,8 @@ const kPending = Symbol('tollgate.pending')
 const START_WAIT_MS = 2000
 /** The bucket of 404s, unless the policy names one. */
 const NOT_FOUND = '404'
+/** The client identity of requests without an address. */
+const NO_ADDRESS = 'no-address'
 
 /** Options that may be set per route as well as for the plugin. */
 const ROUTE_CHECKS = {
@@ -150,7 +157,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
 
-  const check = checker(limiter, subnet)
+  const check = checker(limiter, subnet, app)
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -250,7 +257,18 @@ function routeHook (limit: RouteLimit, check: Check) {
 }
 
 /** The check: identity, cost, one store decision, headers, 429 or 503. */
-function checker (limiter: CoreLimiter, subnet: number): Check {
+function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance): Check {
+  let warned = false
+  function address (request: FastifyRequest): string {
+    const ip: string | undefined = request.ip
+    if (ip !== undefined && ip !== '') return ipIdentity(ip, subnet)
+    if (!warned) {
+      warned = true
+      app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`)
+    }
+    return NO_ADDRESS
+  }
+
   return async function check (limit, request, reply) {
     if (request[kChecked] === true) return
     request[kChecked] = true
@@ -262,7 +280,7 @@ function checker (limiter: CoreLimiter, subnet: number): Check {
 
     let client: unknown
     if (limit.key === undefined) {
-      client = ipIdentity(request.ip, subnet)
+      client = address(request)
     } else {
       client = run(limit, 'key', limit.key, request)
       if (client instanceof Promise) client = await client
