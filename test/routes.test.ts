@@ -163,6 +163,24 @@ t.test('routes declared after `await app.register(tollgate)` keep their check af
   t.same(await keys(), [`${prefix}:{carol}:GET /me`])
 })
 
+t.test('registered inside a plugin: that plugin\'s routes, and its 404s only with its own handler', async (t) => {
+  for (const own of [false, true]) {
+    const { app, options, prefix, keys } = await setup(t, { capacity: 1 })
+    await app.register(async (api) => {
+      api.get('/early', ok)
+      await api.register(tollgate, options)
+      if (own) api.setNotFoundHandler(async (_request, reply) => await reply.code(404).send('api'))
+    }, { prefix: '/api' })
+    app.get('/root', ok)
+    await app.ready()
+    t.same(await statuses(app, '/api/early', 2), [200, 429])
+    t.same(await statuses(app, '/root', 2), [200, 200], 'a route of the parent is out of scope')
+    t.same(await statuses(app, '/nope', 2), [404, 404], 'so are its 404s')
+    t.same(await statuses(app, '/api/nope', 2), own ? [404, 429] : [404, 404], own ? 'own 404 handler' : 'the parent\'s 404 handler')
+    t.same(await keys(), [...(own ? [`${prefix}:{${IP}}:404`] : []), `${prefix}:{${IP}}:GET /api/early`])
+  }
+})
+
 t.test('404s', async (t) => {
   const unknown = (i: number): string => `/nope/${i}?q=${i}`
 
