@@ -45,6 +45,12 @@ export interface TollgateOptions extends RoutePolicy {
   breaker?: Partial<BreakerOptions>
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number } | false
+  /**
+   * 404s: true limits them with the plugin's options, a policy (or several)
+   * over the plugin's options, false leaves them unlimited. One bucket per
+   * client, named '404' unless the policy names one. Default: `global`.
+   */
+  notFound?: boolean | RoutePolicy | readonly RoutePolicy[]
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */

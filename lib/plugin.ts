@@ -1,4 +1,31 @@
-import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify'
+// How every route gets its check, whatever the order of declaration.
+//
+// A route declared after the plugin (the usual order) is seen by its
+// `onRoute` hook: its limit is compiled there, once, and its check is a
+// route-level hook holding that limit in a closure, so it runs after the
+// app's own instance hooks (an auth hook added after tollgate can still
+// set what `key` reads). `onRoute` cannot see a route declared before the
+// plugin loaded: before `await app.register(tollgate)`, after a register
+// without `await` (avvio loads the plugin later), or in a plugin
+// registered earlier. Those routes are caught by two instance hooks (a
+// "gate"): Fastify gives an instance's lifecycle hooks to every route of
+// that instance and of all its child instances, whenever they were
+// declared. The gate does nothing for a route `onRoute` saw (one symbol
+// read on its config), compiles the limit of any other route on its first
+// request and keeps it, and runs the check there. So no route in the
+// plugin's scope is left unlimited by the order of declaration.
+//
+// The gate also sees 404s (the not-found handler is a route of the
+// instance too): they spend from one bucket per client, named '404' (never
+// the raw URL, so unknown URLs cannot create keys), with the `notFound`
+// policy; by default, with `global: true`, the plugin's own.
+//
+// A request without a client address (`request.ip` is undefined on a Unix
+// socket) is keyed as one shared client, 'no-address', never a 500; a
+// warning says so once. A key per connection would give a client a fresh
+// bucket per reconnect.
+
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { BadRequestInputError, RateLimitedError, UnavailableError, describe, optionError } from './errors.js'
 import { PolicyHeaders, retrySeconds, setHeaders, type HeaderMode } from './headers.js'
@@ -12,7 +39,15 @@ import type { Policy } from './types.js'
 import type { RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
+/** On a route's config: `onRoute` saw the route, the gate has nothing to do. */
+const kSeen = Symbol('tollgate.seen')
+/** On a request: the limit the gate found for a route whose check runs at preHandler. */
+const kPending = Symbol('tollgate.pending')
 const START_WAIT_MS = 2000
+/** The bucket of 404s, unless the policy names one. */
+const NOT_FOUND = '404'
+/** The client identity of requests without an address. */
+const NO_ADDRESS = 'no-address'
 
 /** Options that may be set per route as well as for the plugin. */
 const ROUTE_CHECKS = {
@@ -37,7 +72,8 @@ const PLUGIN_CHECKS = {
   prefix: keyPrefix,
   ipv6Subnet,
   breaker,
-  denialCache
+  denialCache,
+  notFound: notFoundOption
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -47,9 +83,12 @@ type CostFn = (request: FastifyRequest) => number | Promise<number>
 type KeyFn = (request: FastifyRequest) => string | Promise<string>
 type AllowFn = (request: FastifyRequest) => boolean | Promise<boolean>
 
+type Hook = (typeof HOOKS)[number]
+
 /** Everything a route's hook needs, resolved once when the route is added. */
 interface RouteLimit {
   name: string
+  hook: Hook
   policies: Policy[]
   costFns: Array<CostFn | undefined>
   key: KeyFn | undefined
@@ -63,6 +102,10 @@ declare module 'fastify' {
     [kChecked]?: boolean
   }
 }
+
+type Check = (limit: RouteLimit, request: FastifyRequest, reply: FastifyReply) => Promise<void>
+type GateRequest = FastifyRequest & { [kPending]?: RouteLimit }
+type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
   const input: unknown = options
@@ -114,20 +157,52 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
 
-  // The HEAD route Fastify adds for a route with GET spends from that route's bucket.
-  const getRoutes = new Map<string, string>()
+  const check = checker(limiter, subnet, app)
+  const limitOf = routeLimits(defaults, global)
+  const notFound = notFoundLimit(options.notFound, global, defaults, app)
+
   app.addHook('onRoute', (route) => {
-    const config = (route.config as { rateLimit?: unknown } | undefined)?.rateLimit
-    if (config === false) return
-    if (config === undefined && !global) return
-    let name = routeName(route)
-    if (route.method === 'HEAD') name = getRoutes.get(route.url) ?? name
-    else if (name.startsWith('GET') || name.includes(',GET')) getRoutes.set(route.url, name)
-    const limit = compileRoute(name, config, defaults)
-    const hook = routeHook(limit, limiter, subnet)
-    const where = (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as 'onRequest' | 'preHandler'
-    const existing = route[where]
-    route[where] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
+    const config = (route.config as RouteConfig | undefined)?.rateLimit
+    route.config = { ...route.config, [kSeen]: true } as typeof route.config
+    const limit = limitOf(route.method, route.url, config)
+    if (limit === null) return
+    const hook = routeHook(limit, check)
+    const existing = route[limit.hook]
+    route[limit.hook] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
+  })
+
+  // The gate: routes onRoute did not see, and 404s (see the top of this file).
+  const late = new WeakMap<object, RouteLimit | null | Error>()
+  function unseen (request: FastifyRequest): RouteLimit | null {
+    if (request.is404) return notFound
+    const config = request.routeOptions.config as RouteConfig
+    if (config[kSeen] === true) return null
+    let limit = late.get(config)
+    if (limit === undefined) {
+      try {
+        limit = limitOf(config.method as string | string[], config.url as string, config.rateLimit)
+      } catch (err) {
+        limit = err as Error
+      }
+      late.set(config, limit)
+    }
+    if (limit instanceof Error) throw limit
+    return limit
+  }
+  app.decorateRequest(kPending, undefined)
+  app.addHook('onRequest', function tollgateGate (request: GateRequest, reply, done) {
+    const limit = unseen(request)
+    if (limit === null) return done()
+    if (limit.hook === 'preHandler') {
+      request[kPending] = limit
+      return done()
+    }
+    check(limit, request, reply).then(() => done(), done)
+  })
+  app.addHook('preHandler', function tollgatePendingGate (request: GateRequest, reply, done) {
+    const limit = request[kPending]
+    if (limit === undefined) return done()
+    check(limit, request, reply).then(() => done(), done)
   })
 
   app.addHook('onClose', async () => {
@@ -135,9 +210,66 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   })
 }
 
-/** The per-route hook: identity, cost, one store decision, headers, 429 or 503. */
-function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
-  return async function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
+/**
+ * Compiles a route's limit from its method, URL and `config.rateLimit`
+ * (null: not limited). The HEAD route Fastify adds for a route with GET
+ * spends from that route's bucket. (A HEAD route the gate compiles before
+ * its GET route was seen is named `GET <url>`: right unless that route has
+ * several methods.)
+ */
+function routeLimits (defaults: RoutePolicy, global: boolean) {
+  const getRoutes = new Map<string, string>()
+  return function limitOf (method: string | string[], url: string, config: unknown): RouteLimit | null {
+    if (config === false) return null
+    if (config === undefined && !global) return null
+    let name = routeName(method, url)
+    if (method === 'HEAD') name = getRoutes.get(url) ?? name
+    else if (name.startsWith('GET') || name.includes(',GET')) getRoutes.set(url, name)
+    return compileRoute(name, config, defaults)
+  }
+}
+
+/**
+ * The limit of 404s: `notFound` over the plugin's options (null: not
+ * limited). Unset, it follows `global`, and says so when the plugin's
+ * options are no complete policy (every route sets its own).
+ */
+function notFoundLimit (option: TollgateOptions['notFound'], global: boolean, defaults: RoutePolicy, app: FastifyInstance): RouteLimit | null {
+  if (option === undefined && global && (defaults.capacity === undefined || defaults.refillPerSecond === undefined)) {
+    app.log.warn('tollgate: 404s are not limited: the plugin options set no `capacity` and `refillPerSecond` for them; set `notFound: { capacity, refillPerSecond }`, or `notFound: false` to say so')
+    return null
+  }
+  const value = option ?? global
+  if (value === false) return null
+  return compileRoute(NOT_FOUND, value === true ? undefined : value, defaults, 'notFound.', 'notFound')
+}
+
+function notFoundOption (value: unknown, name: string): void {
+  if (typeof value === 'boolean' || isRecord(value) || (Array.isArray(value) && value.length > 0)) return
+  throw optionError(name, value, 'true, false, a policy object or a non-empty array of policies')
+}
+
+/** The route-level hook: the check with the route's limit in a closure. */
+function routeHook (limit: RouteLimit, check: Check) {
+  return function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
+    return check(limit, request, reply)
+  }
+}
+
+/** The check: identity, cost, one store decision, headers, 429 or 503. */
+function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance): Check {
+  let warned = false
+  function address (request: FastifyRequest): string {
+    const ip: string | undefined = request.ip
+    if (ip !== undefined && ip !== '') return ipIdentity(ip, subnet)
+    if (!warned) {
+      warned = true
+      app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`)
+    }
+    return NO_ADDRESS
+  }
+
+  return async function check (limit, request, reply) {
     if (request[kChecked] === true) return
     request[kChecked] = true
     if (limit.allow !== undefined) {
@@ -148,7 +280,7 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
 
     let client: unknown
     if (limit.key === undefined) {
-      client = ipIdentity(request.ip, subnet)
+      client = address(request)
     } else {
       client = run(limit, 'key', limit.key, request)
       if (client instanceof Promise) client = await client
@@ -207,8 +339,7 @@ function failed (limit: RouteLimit, what: string, cause: unknown): Error {
 }
 
 /** Resolves a route's `config.rateLimit` (object, array or undefined) over the plugin's defaults. */
-function compileRoute (name: string, config: unknown, defaults: RoutePolicy): RouteLimit {
-  const where = `config.rateLimit of ${name}: `
+function compileRoute (name: string, config: unknown, defaults: RoutePolicy, where = `config.rateLimit of ${name}: `, listWhere = where): RouteLimit {
   const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
   if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')
   const policies: Policy[] = []
@@ -216,7 +347,7 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy): Ro
   const buckets = new Set<string>()
   for (let i = 0; i < list.length; i++) {
     const entry = list[i]
-    const at = list.length === 1 ? where : `${where}[${i}].`
+    const at = list.length === 1 ? where : `${listWhere}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
     checkFields(entry, ROUTE_CHECKS, at)
     if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
@@ -237,6 +368,7 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy): Ro
   const headers = (findWide(config, 'headers') ?? defaults.headers ?? 'draft-6') as HeaderMode
   return {
     name,
+    hook: (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as Hook,
     policies,
     costFns,
     key: (findWide(config, 'key') ?? defaults.key) as KeyFn | undefined,
@@ -296,9 +428,9 @@ function findWide (config: unknown, field: (typeof ROUTE_WIDE)[number]): unknown
 }
 
 /** `GET /users/:id`: the route pattern, never the raw URL; HEAD spends from GET's bucket. */
-function routeName (route: RouteOptions): string {
-  const methods = (Array.isArray(route.method) ? [...route.method] : [route.method]).map((m) => m === 'HEAD' ? 'GET' : m)
-  return `${[...new Set(methods)].sort().join(',')} ${route.url}`
+function routeName (method: string | string[], url: string): string {
+  const methods = (Array.isArray(method) ? [...method] : [method]).map((m) => m === 'HEAD' ? 'GET' : m)
+  return `${[...new Set(methods)].sort().join(',')} ${url}`
 }
 
 /**
