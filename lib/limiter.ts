@@ -6,7 +6,7 @@ import { LeaseBook } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import {
-  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, denialCache, lease, isRecord, keyPrefix,
+  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, deadlineMs, denialCache, lease, isRecord, keyPrefix,
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import { RedisStore } from './redis-store.js'
@@ -29,7 +29,7 @@ export const decisionChannel = diagnostics.channel('tollgate:decision')
 const LIMITER_CHECKS = {
   redis: redisClient,
   prefix: keyPrefix,
-  timeout: positiveNumber,
+  timeout: deadlineMs,
   breaker,
   denialCache,
   logger: (value: unknown, name: string) => {
@@ -46,7 +46,7 @@ const POLICY_CHECKS = {
   cost: positiveNumber,
   failureMode: oneOf(FAILURE_MODES),
   local: localPolicy,
-  timeout: positiveNumber,
+  timeout: deadlineMs,
   lease
 }
 
