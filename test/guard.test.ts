@@ -90,12 +90,16 @@ t.test('deadlines follow the injected clock too', async (t) => {
   const alive = setInterval(() => {}, 1000)
   t.teardown(() => clearInterval(alive))
   let expired = false
-  const call = guard.run(() => new Promise<never>(() => {}), 20, [spec()])
+  let lateFailure: (err: Error) => void = () => {}
+  const call = guard.run(() => new Promise<never>((_resolve, reject) => { lateFailure = reject }), 20, [spec()])
   call.catch(() => { expired = true })
   await sleep(60)
   t.notOk(expired, 'three times the deadline in real time, none on the clock: still waiting')
   now = 20
   await t.rejects(call, { code: 'TOLLGATE_STORE_TIMEOUT', message: 'store gave no answer within 20 ms' }, 'expires once the clock says so')
+  lateFailure(new Error('Connection is closed.'))
+  await sleep(10)
+  t.equal(guard.state, 'failing', 'a late failure changes nothing: the timeout already counted')
 })
 
 t.test('a step of the wall clock neither prolongs nor cuts a cool-down', async (t) => {
