@@ -1,36 +1,81 @@
 import { StoreError } from './errors.js'
 
-interface Waiting {
-  at: number
-  ms: number
-  reject: (err: StoreError) => void
-  settled: boolean
-}
+/** Monotonic milliseconds, as from performance.now(). */
+export type Clock = () => number
+
+/** The default clock: monotonic, so a step of the wall clock changes no duration. */
+export const monotonic: Clock = () => performance.now()
 
 /**
- * Deadlines for store calls without a timer per call. Calls of one
- * timeout length expire in the order they start, so each length keeps a
- * FIFO; one timer, armed for the earliest pending deadline, rejects what
- * has expired and skips what has settled. Under load most calls settle
- * long before their deadline and cost a push and a flag, not a Timeout
- * object and its clearTimeout.
+ * Deadlines for store calls without a timer per call.
+ *
+ * Calls of one timeout length expire in the order they start, so each
+ * length keeps a FIFO; one timer, armed for the earliest deadline, finds
+ * what has expired. The FIFO is a doubly linked list: a call that settles
+ * unlinks itself and drops its callback at once, so memory holds the calls
+ * in flight, not the calls of the last `timeout` ms, and a settled call's
+ * promise and reply are garbage as soon as its caller is done with them.
+ *
+ * A missed deadline is confirmed one turn of the event loop later. Node
+ * runs expired timers before it reads the sockets that became readable
+ * meanwhile, so when the app's own work holds the loop past a deadline,
+ * the timer fires while Redis's reply already sits unread in the socket.
+ * The timer therefore only marks the call; a setImmediate, which runs
+ * after the poll phase has read those sockets, rejects the calls still
+ * unanswered. A reply that arrived in time wins: what counts is Redis's
+ * lateness, not the app's.
+ *
+ * The timer is unref'd: a pending deadline never keeps the process alive.
  */
 export class Deadlines {
-  readonly #queues = new Map<number, { items: Waiting[], head: number }>()
+  readonly #clock: Clock
+  readonly #queues = new Map<number, Queue>()
   #timer: NodeJS.Timeout | undefined
   #armedAt = Infinity
+  /** Expired calls awaiting confirmation after the next poll phase. */
+  #due: Entry[] = []
+
+  constructor (clock: Clock = monotonic) {
+    this.#clock = clock
+  }
+
+  /**
+   * Starts the deadline of one call: unless `settle` is called first,
+   * `expire` runs once `ms` have passed (and the loop has read its sockets).
+   */
+  start (ms: number, expire: (err: StoreError) => void): Deadline {
+    const startedAt = this.#clock()
+    let queue = this.#queues.get(ms)
+    if (queue === undefined) this.#queues.set(ms, queue = { ms, head: undefined, tail: undefined })
+    const entry = new Entry(startedAt, ms, queue, expire)
+    const tail = queue.tail
+    if (tail === undefined) {
+      queue.head = entry
+    } else {
+      tail.next = entry
+      entry.prev = tail
+    }
+    queue.tail = entry
+    if (startedAt + ms < this.#armedAt) this.#arm(startedAt + ms)
+    return entry
+  }
+
+  /** Ends a call's deadline: true if it was still running, false if it had expired (ignore the late result). */
+  settle (deadline: Deadline): boolean {
+    const entry = deadline as Entry
+    if (entry.expire === undefined) return false
+    entry.expire = undefined
+    if (entry.queue !== undefined) unlink(entry, entry.queue)
+    return true
+  }
 
   /** Settles like `promise`, or rejects with a StoreError after `ms`; a later settlement is ignored. */
   wrap<T> (promise: Promise<T>, ms: number): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const waiting: Waiting = { at: performance.now() + ms, ms, reject, settled: false }
-      let queue = this.#queues.get(ms)
-      if (queue === undefined) this.#queues.set(ms, queue = { items: [], head: 0 })
-      queue.items.push(waiting)
-      if (waiting.at < this.#armedAt) this.#arm(waiting.at)
+      const deadline = this.start(ms, reject)
       promise.then(
-        (value) => { waiting.settled = true; resolve(value) },
-        (err: unknown) => { waiting.settled = true; reject(err) }
+        (value) => { if (this.settle(deadline)) resolve(value) },
+        (err: unknown) => { if (this.settle(deadline)) reject(err) }
       )
     })
   }
@@ -38,35 +83,70 @@ export class Deadlines {
   #arm (at: number): void {
     if (this.#timer !== undefined) clearTimeout(this.#timer)
     this.#armedAt = at
-    this.#timer = setTimeout(this.#expire, Math.max(0, at - performance.now()))
+    this.#timer = setTimeout(this.#expire, Math.max(0, at - this.#clock())).unref()
   }
 
   readonly #expire = (): void => {
     this.#timer = undefined
     this.#armedAt = Infinity
-    const now = performance.now()
+    const now = this.#clock()
     let next = Infinity
-    for (const [ms, queue] of this.#queues) {
-      const { items } = queue
-      while (queue.head < items.length) {
-        const waiting = items[queue.head] as Waiting
-        if (!waiting.settled) {
-          if (waiting.at > now) break
-          waiting.settled = true
-          waiting.reject(new StoreError('TOLLGATE_STORE_TIMEOUT', `store gave no answer within ${waiting.ms} ms`))
-        }
-        queue.head++
+    for (const queue of this.#queues.values()) {
+      let entry = queue.head
+      while (entry !== undefined && entry.startedAt + entry.ms <= now) {
+        unlink(entry, queue)
+        this.#due.push(entry)
+        entry = queue.head
       }
-      if (queue.head === items.length) {
-        this.#queues.delete(ms)
-      } else {
-        if (queue.head > 1024) {
-          items.splice(0, queue.head)
-          queue.head = 0
-        }
-        next = Math.min(next, (items[queue.head] as Waiting).at)
-      }
+      if (entry === undefined) this.#queues.delete(queue.ms)
+      else next = Math.min(next, entry.startedAt + entry.ms)
     }
+    if (this.#due.length > 0) setImmediate(this.#confirm)
     if (next !== Infinity) this.#arm(next)
   }
+
+  readonly #confirm = (): void => {
+    const due = this.#due
+    this.#due = []
+    for (const entry of due) {
+      const expire = entry.expire
+      if (expire === undefined) continue
+      entry.expire = undefined
+      expire(new StoreError('TOLLGATE_STORE_TIMEOUT', `store gave no answer within ${entry.ms} ms`))
+    }
+  }
+}
+
+/** A running deadline, as `start` returns it. */
+export interface Deadline {
+  /** Clock time at which the call started, ms. */
+  readonly startedAt: number
+}
+
+interface Queue {
+  readonly ms: number
+  head: Entry | undefined
+  tail: Entry | undefined
+}
+
+class Entry implements Deadline {
+  prev: Entry | undefined = undefined
+  next: Entry | undefined = undefined
+  constructor (
+    readonly startedAt: number,
+    readonly ms: number,
+    /** The FIFO holding the entry; undefined once expired (then it waits in `due`). */
+    public queue: Queue | undefined,
+    /** Undefined once settled or expired. */
+    public expire: ((err: StoreError) => void) | undefined
+  ) {}
+}
+
+function unlink (entry: Entry, queue: Queue): void {
+  const { prev, next } = entry
+  if (prev === undefined) queue.head = next
+  else prev.next = next
+  if (next === undefined) queue.tail = prev
+  else next.prev = prev
+  entry.prev = entry.next = entry.queue = undefined
 }

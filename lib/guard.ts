@@ -1,5 +1,5 @@
 import diagnostics from 'node:diagnostics_channel'
-import { Deadlines } from './deadline.js'
+import { Deadlines, monotonic, type Clock } from './deadline.js'
 import { StoreError } from './errors.js'
 import type { BucketSpec, Store, StoreReply } from './store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
@@ -12,77 +12,93 @@ export const breakerChannel = diagnostics.channel('tollgate:breaker')
 type FallbackSource = Extract<DecisionSource, 'local' | 'fail-open' | 'fail-closed'>
 
 /**
+ * Reply errors that say the server cannot serve us now (loading its data,
+ * stuck in a script, without a master, read-only, out of memory or disk,
+ * a cluster without its slots, refusing our user): the store is failing.
+ * Any other reply error (WRONGTYPE from a foreign key, a script error from
+ * an argument it rejects) comes from a Redis that works.
+ */
+const UNUSABLE = /^(?:LOADING|BUSY|MASTERDOWN|CLUSTERDOWN|READONLY|MISCONF|OOM|TRYAGAIN|NOREPLICAS|NOAUTH|NOPERM)\b/
+
+/** True for an error Redis itself replied with, from a server that can serve us: proof the store is alive. */
+export function provesAlive (cause: unknown): boolean {
+  return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message)
+}
+
+/**
  * Puts a deadline and a circuit breaker around a store.
  *
- * - Every call gets `timeoutMs`; a reply after that is ignored (its promise
- *   settles into nothing).
+ * - Every call gets `timeoutMs` (lib/deadline.ts: a deadline counts Redis's
+ *   lateness, not the app's own event-loop lag); a reply after that is
+ *   ignored.
  * - After `failures` consecutive failures the breaker opens: for
  *   `cooldownMs` no call reaches the store and callers fall back at once.
  *   Then one probe goes through; its success closes the breaker, its
  *   failure opens it for another cool-down.
  * - Logs once when the store turns from healthy to failing, and once on
  *   recovery with the number of fallback decisions made meanwhile.
+ * - Durations come from `clock`, monotonic: a step of the wall clock
+ *   neither prolongs nor cuts a cool-down.
  *
- * A WRONGTYPE reply (a foreign key under our prefix) fails that one call,
- * logged with its keys, but shows the store alive: it counts as a success
- * for the breaker.
+ * A reply error from a Redis that can serve us (WRONGTYPE from a foreign
+ * key under our prefix, a script error; see UNUSABLE for the exceptions)
+ * fails that one call, logged with its keys, but shows the store alive: it
+ * counts as a success for the breaker.
  */
 export class Guard {
   readonly #store: Store
   readonly #breaker: BreakerOptions
   readonly #logger: Logger | undefined
-  readonly #deadlines = new Deadlines()
+  readonly #clock: Clock
+  readonly #deadlines: Deadlines
   #failures = 0
-  #openUntil = 0
+  /** Clock time at which the open breaker lets a probe through; undefined while closed. */
+  #openUntil: number | undefined
   #probing = false
-  #failingSince = 0
+  /** Clock time at which the store started failing; undefined while healthy. */
+  #failingSince: number | undefined
   #fallbacks: Record<FallbackSource, number> = { local: 0, 'fail-open': 0, 'fail-closed': 0 }
 
-  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined) {
+  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic) {
     this.#store = store
     this.#breaker = breaker
     this.#logger = logger
+    this.#clock = clock
+    this.#deadlines = new Deadlines(clock)
   }
 
   get state (): 'healthy' | 'failing' {
-    return this.#failingSince === 0 ? 'healthy' : 'failing'
+    return this.#failingSince === undefined ? 'healthy' : 'failing'
   }
 
   /** Milliseconds until the breaker lets a probe through; 0 when closed. */
   get cooldownLeftMs (): number {
-    return Math.max(0, this.#openUntil - Date.now())
+    return this.#openUntil === undefined ? 0 : Math.max(0, this.#openUntil - this.#clock())
   }
 
-  /** One bucket decision through the guard. */
-  call (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number): Promise<StoreReply> {
-    return this.run(() => this.#store.decide(specs, consume), timeoutMs, specs)
+  /**
+   * One bucket decision through the guard, in one promise: it resolves
+   * with `ok(reply, sentAt)` when the store answers in time (`sentAt`: the
+   * clock when the call was sent), else with `fail()`: the store failed,
+   * missed the deadline, or was skipped by the open breaker. Never rejects.
+   */
+  decide<R> (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number, ok: (reply: StoreReply, sentAt: number) => R, fail: () => R): Promise<R> {
+    const probe = this.#admit()
+    if (probe === undefined) return Promise.resolve(fail())
+    return new Promise<R>((resolve) => {
+      this.#watch(() => this.#store.decide(specs, consume), timeoutMs, specs, probe,
+        (reply, sentAt) => { resolve(ok(reply, sentAt)) },
+        () => { resolve(fail()) })
+    })
   }
 
   /** Any store call through the deadline and the breaker; rejects with a StoreError. */
-  async run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
-    let probe = false
-    if (this.#openUntil !== 0) {
-      if (Date.now() < this.#openUntil || this.#probing) {
-        throw new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open')
-      }
-      this.#probing = probe = true
-      if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
-    }
-    let reply: T
-    try {
-      reply = await this.#deadlines.wrap(call(), timeoutMs)
-    } catch (cause) {
-      const err = asStoreError(cause)
-      if (/WRONGTYPE/.test(err.message)) {
-        this.#succeeded()
-        this.#logger?.error({ err, keys: specs.map((s) => s.key) }, 'rate limit key holds a value of the wrong type')
-      } else {
-        this.#failed(err, probe)
-      }
-      throw err
-    }
-    this.#succeeded()
-    return reply
+  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
+    const probe = this.#admit()
+    if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
+    return new Promise<T>((resolve, reject) => {
+      this.#watch(call, timeoutMs, specs, probe, resolve, reject)
+    })
   }
 
   /** Deletes a key in the store, under the same deadline; failures reject. */
@@ -96,21 +112,66 @@ export class Guard {
 
   /** Counts a decision made without the store during an outage, for the recovery log line. */
   fellBack (source: FallbackSource): void {
-    if (this.#failingSince !== 0) this.#fallbacks[source]++
+    if (this.#failingSince !== undefined) this.#fallbacks[source]++
+  }
+
+  /** Whether a call may reach the store: undefined while the breaker skips it, else whether it is the probe. */
+  #admit (): boolean | undefined {
+    if (this.#openUntil === undefined) return false
+    if (this.#probing || this.#clock() < this.#openUntil) return undefined
+    this.#probing = true
+    if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
+    return true
+  }
+
+  /** Sends `call` under a deadline; exactly one of `done` and `failed` runs, once. */
+  #watch<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
+    done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
+    const deadline = this.#deadlines.start(timeoutMs, (err) => {
+      this.#failed(err, probe)
+      failed(err)
+    })
+    let sent: Promise<T>
+    try {
+      sent = call()
+    } catch (cause) {
+      sent = Promise.reject(cause)
+    }
+    sent.then((value) => {
+      if (!this.#deadlines.settle(deadline)) return
+      this.#succeeded()
+      done(value, deadline.startedAt)
+    }, (cause: unknown) => {
+      if (!this.#deadlines.settle(deadline)) return
+      failed(this.#refused(cause, probe, specs))
+    })
+  }
+
+  /** A rejected call: fails only itself when Redis answered it (see provesAlive), else counts as a store failure. */
+  #refused (cause: unknown, probe: boolean, specs: readonly BucketSpec[]): StoreError {
+    const err = asStoreError(cause)
+    if (provesAlive(cause)) {
+      this.#succeeded()
+      const message = /^WRONGTYPE/.test((cause as Error).message) ? 'rate limit key holds a value of the wrong type' : 'rate limit store refused the call'
+      this.#logger?.error({ err, keys: specs.map((s) => s.key) }, message)
+    } else {
+      this.#failed(err, probe)
+    }
+    return err
   }
 
   #failed (err: StoreError, probe: boolean): void {
     this.#failures++
     if (probe) this.#probing = false
-    if (this.#failingSince === 0) {
-      this.#failingSince = Date.now()
+    if (this.#failingSince === undefined) {
+      this.#failingSince = this.#clock()
       this.#logger?.warn({ err }, 'rate limit store failing; limits follow their failure modes')
       if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'failing', error: err })
     }
     // Opens on the threshold, or again when its probe fails; calls that were
     // already in flight and fail while it is open change nothing.
-    if (probe || (this.#openUntil === 0 && this.#failures >= this.#breaker.failures)) {
-      this.#openUntil = Date.now() + this.#breaker.cooldownMs
+    if (probe || (this.#openUntil === undefined && this.#failures >= this.#breaker.failures)) {
+      this.#openUntil = this.#clock() + this.#breaker.cooldownMs
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'open', cooldownMs: this.#breaker.cooldownMs })
       this.#store.recover?.()
     }
@@ -118,15 +179,15 @@ export class Guard {
 
   #succeeded (): void {
     this.#failures = 0
-    if (this.#openUntil !== 0) {
-      this.#openUntil = 0
+    if (this.#openUntil !== undefined) {
+      this.#openUntil = undefined
       this.#probing = false
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'closed' })
     }
-    if (this.#failingSince !== 0) {
-      const downMs = Date.now() - this.#failingSince
+    if (this.#failingSince !== undefined) {
+      const downMs = this.#clock() - this.#failingSince
       const decisions = this.#fallbacks
-      this.#failingSince = 0
+      this.#failingSince = undefined
       this.#fallbacks = { local: 0, 'fail-open': 0, 'fail-closed': 0 }
       this.#logger?.info({ downMs, decisions }, 'rate limit store recovered')
       if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'healthy', downMs, decisions })

@@ -6,7 +6,7 @@ import { LeaseBook } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import {
-  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, denialCache, lease, isRecord, keyPrefix,
+  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, deadlineMs, denialCache, lease, isRecord, keyPrefix,
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import { RedisStore } from './redis-store.js'
@@ -29,7 +29,7 @@ export const decisionChannel = diagnostics.channel('tollgate:decision')
 const LIMITER_CHECKS = {
   redis: redisClient,
   prefix: keyPrefix,
-  timeout: positiveNumber,
+  timeout: deadlineMs,
   breaker,
   denialCache,
   logger: (value: unknown, name: string) => {
@@ -46,7 +46,7 @@ const POLICY_CHECKS = {
   cost: positiveNumber,
   failureMode: oneOf(FAILURE_MODES),
   local: localPolicy,
-  timeout: positiveNumber,
+  timeout: deadlineMs,
   lease
 }
 
@@ -129,31 +129,30 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     return decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)
   }
 
-  async function decide (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision> {
+  /**
+   * One decision, in one promise: a store call's promise is settled by the
+   * reply or by the deadline, never wrapped again.
+   */
+  function decide (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision> {
     const specs = specsOf(clientKey, list, costs)
-    let decision: Decision
-    if (guard === undefined) {
-      decision = summarize(list, memory.decideSync(specs, consume), 'store')
-    } else {
-      const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
-      const only = list[0] as Policy
-      const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
-      if (cached !== undefined) {
-        decision = cached
-      } else if (consume && only.lease !== undefined && list.length === 1) {
-        decision = await leased(guard, redis as RedisStore, only, only.lease, specs)
-      } else {
-        let timeout = Infinity
-        for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
-        const sentAt = performance.now()
-        try {
-          decision = summarize(list, await guard.call(specs, consume, timeout), 'store')
-          if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
-        } catch {
-          decision = fallback(guard, list, specs, consume)
-        }
-      }
+    if (guard === undefined) return Promise.resolve(published(clientKey, summarize(list, memory.decideSync(specs, consume), 'store')))
+    const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
+    const only = list[0] as Policy
+    const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
+    if (cached !== undefined) return Promise.resolve(published(clientKey, cached))
+    if (consume && only.lease !== undefined && list.length === 1) {
+      return leased(guard, redis as RedisStore, only, only.lease, specs).then((decision) => published(clientKey, decision))
     }
+    let timeout = Infinity
+    for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
+    return guard.decide(specs, consume, timeout, (reply, sentAt) => {
+      const decision = summarize(list, reply, 'store')
+      if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
+      return published(clientKey, decision)
+    }, () => published(clientKey, fallback(guard, list, specs, consume)))
+  }
+
+  function published (clientKey: string, decision: Decision): Decision {
     if (decisionChannel.hasSubscribers) decisionChannel.publish({ key: clientKey, decision })
     return decision
   }

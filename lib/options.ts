@@ -6,6 +6,12 @@ export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
 export const HOOKS = ['onRequest', 'preHandler'] as const
 
 export const DEFAULT_TIMEOUT = 10
+/**
+ * Longest store deadline, ms. A rate-limit decision that may take longer
+ * than a minute holds its request for as long; and Node's timers cannot
+ * wait more than 2^31 - 1 ms at all.
+ */
+export const MAX_TIMEOUT = 60_000
 export const DEFAULT_PREFIX = 'tollgate'
 export const DEFAULT_BREAKER: BreakerOptions = { failures: 5, cooldownMs: 1000 }
 
@@ -19,6 +25,12 @@ export function positiveNumber (value: unknown, name: string): void {
   if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
     throw optionError(name, value, 'a finite number > 0')
   }
+}
+
+/** A store deadline: a finite number of ms > 0, at most MAX_TIMEOUT. */
+export function deadlineMs (value: unknown, name: string): void {
+  positiveNumber(value, name)
+  if ((value as number) > MAX_TIMEOUT) throw optionError(name, value, `at most ${MAX_TIMEOUT} (ms)`)
 }
 
 export function positiveInteger (value: unknown, name: string): void {

@@ -155,6 +155,10 @@ t.test('the deadline queue compacts itself while calls keep settling', async (t)
 
 t.test('a shorter deadline armed after a longer one fires on time', async (t) => {
   const deadlines = new Deadlines()
+  // The deadline timer is unref'd and these calls hold no socket: keep the
+  // process alive until the long one expires.
+  const alive = setInterval(() => {}, 1000)
+  t.teardown(() => clearInterval(alive))
   const long = deadlines.wrap(new Promise<never>(() => {}), 2000)
   long.catch(() => {})
   const started = performance.now()
