@@ -8,11 +8,12 @@
 import { setImmediate as yieldToLoop, setTimeout as sleep } from 'node:timers/promises'
 import Fastify from 'fastify'
 import { Redis } from 'ioredis'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
 import { LeaseBook } from '../lib/lease.js'
 import { RedisStore } from '../lib/redis-store.js'
-import { redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
+import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
+import { startProxy } from './helpers/proxy.js'
 import { startRedisServer } from './helpers/redis.js'
 
 const server = await startRedisServer()
@@ -192,13 +193,17 @@ t.test('a cached denial does not hide the tokens of a lease', async (t) => {
   const { limiter } = await newLimiter(t)
   const policy = leased('api', 5, NO_REFILL, 5, 60_000)
   // Two requests at once on a bucket of 5: the first call takes all 5 (1
-  // spent, 4 in the lease), the second finds the bucket empty and is denied,
-  // and that denial is cached (for as long as a token takes to come back).
+  // spent, 4 in the lease); the second waits for that call instead of
+  // sending its own, and is paid from the lease.
   const [first, second] = await Promise.all([limiter.consume('c', policy), limiter.consume('c', policy)])
   t.match(first, { allowed: true, source: 'store', remaining: 4 }, 'one takes the batch')
-  t.match(second, { allowed: false, source: 'store' }, 'the other is denied by Redis')
+  t.match(second, { allowed: true, source: 'cache', remaining: 3 }, 'the other is paid from it')
+  // A cost the lease cannot pay gives the 3 back and is denied by Redis
+  // (which then holds 3); that denial is cached for cost 4 and more only.
+  t.match(await limiter.consume('c', policy, 4), { allowed: false, source: 'store' }, 'cost 4: denied by Redis')
   const next = await limiter.consume('c', policy)
-  t.match(next, { allowed: true, source: 'cache', remaining: 3 }, 'the next request is paid from the 4 tokens of the lease')
+  t.match(next, { allowed: true, source: 'store', remaining: 2 }, 'cost 1 is not held back by the denial of cost 4')
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'cache', remaining: 1 }, 'and the next one is paid from its lease')
 })
 
 t.test('a lease given back by a denied call serves a cheaper request', async (t) => {
@@ -239,8 +244,8 @@ t.test('the lease book is size-capped: past maxKeys the oldest lease is dropped'
   const store = new RedisStore(await connect(t))
   const book = new LeaseBook(3)
   const specs = Array.from({ length: 5 }, (_, i) => ({ key: `lease-book:{c}:b${i}`, capacity: 10, refillPerSecond: NO_REFILL, cost: 1 }))
-  for (const spec of specs) book.add(spec, await store.lease(spec, 4, 0))
-  t.same(book.drain().map(([spec, left]) => [spec.key, left]), [['lease-book:{c}:b2', 3], ['lease-book:{c}:b3', 3], ['lease-book:{c}:b4', 3]],
+  for (const spec of specs) book.add(spec, await store.lease(spec, 4, 0, 0), performance.now(), spec.cost)
+  t.same(book.drain().map(({ spec, tokens }) => [spec.key, Math.round(tokens * 1e6) / 1e6]), [['lease-book:{c}:b2', 3], ['lease-book:{c}:b3', 3], ['lease-book:{c}:b4', 3]],
     'the 3 most recent leases are kept, 3 unspent tokens each')
   t.same(book.drain(), [], 'and drain() empties the book')
 })
@@ -378,4 +383,210 @@ t.test('four limiters leasing from one bucket never admit more than capacity + r
   await Promise.all(servers.map((limiter) => limiter.close()))
   const left = await bucketTokens('fleet:{fleet-client}:leased', CAPACITY, RATE)
   t.ok(left >= 0 && left <= CAPACITY, `after close, the bucket holds ${left.toFixed(3)} tokens`)
+})
+
+// ------------------------------------------------------------ the edges
+//
+// SPEC section 10: across the fleet, in ANY window of length w, a bucket
+// admits at most capacity + refill x w. The checks below record when each
+// admission was seen (performance.now() as the decision resolved) and check
+// every window between two admissions, not only the total since the start.
+// Tolerance: a decision made by Redis happened somewhere in the round trip
+// before it was seen, so a window of seen times may hold admissions of a
+// window up to one round trip longer: refill x the longest round trip of
+// the run (each run measures it: the longest consume() that Redis decided).
+
+interface Admission {
+  at: number
+  cost: number
+}
+
+interface Window {
+  /** Cost admitted in the worst window, and that window's bound. */
+  admitted: number
+  bound: number
+  ms: number
+  /** admitted - bound: <= 0 when every window keeps the invariant. */
+  excess: number
+}
+
+/** The window between two admissions whose admitted cost most exceeds capacity + refill x w. */
+function worstWindow (admissions: readonly Admission[], capacity: number, refillPerSecond: number): Window {
+  const sorted = [...admissions].sort((a, b) => a.at - b.at)
+  let worst: Window = { admitted: 0, bound: capacity, ms: 0, excess: -capacity }
+  for (let i = 0; i < sorted.length; i++) {
+    let admitted = 0
+    const from = (sorted[i] as Admission).at
+    for (let j = i; j < sorted.length; j++) {
+      const { at, cost } = sorted[j] as Admission
+      admitted += cost
+      const bound = capacity + refillPerSecond * (at - from) / 1000
+      if (admitted - bound > worst.excess) worst = { admitted, bound, ms: at - from, excess: admitted - bound }
+    }
+  }
+  return worst
+}
+
+/** Records the admissions of a limiter and the longest round trip Redis decided. */
+class Recorder {
+  readonly admissions: Admission[] = []
+  readonly sources: Record<string, number> = {}
+  denied = 0
+  longestStoreMs = 0
+
+  async consume (limiter: Limiter, client: string, policy: Policy, cost = 1): Promise<Decision> {
+    const start = performance.now()
+    const decision = await limiter.consume(client, policy, cost)
+    const at = performance.now()
+    this.sources[decision.source] = (this.sources[decision.source] ?? 0) + 1
+    if (decision.source === 'store') this.longestStoreMs = Math.max(this.longestStoreMs, at - start)
+    if (decision.allowed) this.admissions.push({ at, cost })
+    else this.denied++
+    return decision
+  }
+
+  check (t: Test, capacity: number, refillPerSecond: number, what: string): Window {
+    const worst = worstWindow(this.admissions, capacity, refillPerSecond)
+    const tolerance = refillPerSecond * this.longestStoreMs / 1000
+    t.comment(`${what}: ${this.admissions.length} admitted, ${this.denied} denied, sources ${JSON.stringify(this.sources)}; ` +
+      `worst window ${worst.ms.toFixed(1)} ms: ${worst.admitted} admitted, bound ${worst.bound.toFixed(2)}, tolerance ${tolerance.toFixed(3)}`)
+    t.ok(worst.excess <= tolerance, `${what}: every window admits at most capacity + refill x w (+ ${tolerance.toFixed(3)}): ` +
+      `worst ${worst.admitted} in ${worst.ms.toFixed(1)} ms against ${worst.bound.toFixed(2)}`)
+    return worst
+  }
+}
+
+t.test('windows: a lease kept through a refill does not let one server burst past capacity', async (t) => {
+  for (const [capacity, rate, tokens, burst] of [[10, 10, 10, 40], [100, 100, 100, 300]] as const) {
+    const { limiter } = await newLimiter(t)
+    const policy = leased('api', capacity, rate, tokens, 5000)
+    const recorder = new Recorder()
+    await recorder.consume(limiter, 'c', policy)
+    // Past one window (capacity / refill = 1 s): the bucket is full again in
+    // Redis, and the lease still holds tokens - 1 unspent ones.
+    await sleep(1200)
+    for (let i = 0; i < burst; i++) await recorder.consume(limiter, 'c', policy)
+    recorder.check(t, capacity, rate, `capacity ${capacity}, ${rate}/s, a lease of ${tokens}, 1 request, 1.2 s, ${burst} in a row`)
+  }
+})
+
+t.test('windows: four limiters leasing from one bucket under random traffic', async (t) => {
+  const CAPACITY = 30
+  const RATE = 100
+  const random = randomSource(20_240_601)
+  const servers = await Promise.all(Array.from({ length: 4 }, async () => {
+    const limiter = createLimiter({ redis: await connect(t), prefix: 'random-fleet', timeout: 2000 })
+    t.teardown(() => limiter.close())
+    return limiter
+  }))
+  const policy = leased('shared', CAPACITY, RATE, 8, 2000)
+  const recorder = new Recorder()
+  // Bursts from random servers, with pauses of 0 to 1.3 windows between
+  // them: leases are taken in a burst and kept through the pause.
+  for (let burst = 0; burst < 12; burst++) {
+    await sleep(random() * 400)
+    const size = 5 + Math.floor(random() * 40)
+    await Promise.all(Array.from({ length: size }, async () => {
+      await yieldToLoop()
+      const server = servers[Math.floor(random() * servers.length)] as Limiter
+      await recorder.consume(server, 'fleet', policy, random() < 0.8 ? 1 : 2)
+    }))
+  }
+  t.notOk(recorder.sources['fail-closed'], 'no store failure')
+  recorder.check(t, CAPACITY, RATE, '4 limiters, capacity 30, 100/s, leases of 8')
+})
+
+t.test('concurrent misses share one lease call: 100 at once on a bucket of 100', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const policy = leased('api', 100, NO_REFILL, 10, 60_000)
+  const before = await scriptCalls(admin)
+  const decisions = await Promise.all(Array.from({ length: 100 }, () => limiter.consume('c', policy)))
+  const calls = await scriptCalls(admin) - before
+  const allowed = decisions.filter((d) => d.allowed).length
+  const retry = Math.max(...decisions.map((d) => d.retryAfterMs))
+  t.comment(`${allowed} allowed, ${100 - allowed} denied (longest Retry-After ${retry} ms), ${calls} Redis calls`)
+  t.equal(allowed, 100, 'all 100 allowed: the bucket holds 100')
+  t.ok(calls <= 3, `${calls} Redis calls: one, then one sized to the requests that waited for it`)
+})
+
+t.test('a request waiting for a lease call keeps its own deadline (frozen Redis)', async (t) => {
+  const TIMEOUT_MS = 50
+  // Scheduling noise on a loaded 2-core machine, as in failure-modes.test.ts.
+  const TOLERANCE_MS = 300
+  const frozen = await startRedisServer()
+  t.teardown(() => frozen.stop())
+  const redis = new Redis(frozen.url, { lazyConnect: true })
+  redis.on('error', () => {})
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  // A high breaker threshold: every request here meets the deadline, not the breaker.
+  const limiter = createLimiter({ redis, prefix: 'frozen', timeout: TIMEOUT_MS, breaker: { failures: 1000, cooldownMs: 1000 } })
+  const policy: Policy = { ...leased('api', 100, NO_REFILL, 10, 60_000), failureMode: 'open' }
+  t.equal((await limiter.consume('c', { ...policy, timeout: 2000 })).source, 'store', 'warm: the script is loaded')
+  t.equal((await limiter.consume('d', { ...policy, timeout: 2000 })).source, 'store')
+  frozen.pause()
+  t.teardown(() => frozen.resume())
+  // One request every 10 ms for 300 ms: most arrive while a call is in
+  // flight, and each must follow its failure mode within its own deadline.
+  const waits: number[] = []
+  const sources: Record<string, number> = {}
+  await Promise.all(Array.from({ length: 30 }, async (_, i) => {
+    await sleep(i * 10)
+    const arrived = performance.now()
+    const decision = await limiter.consume(i % 2 === 0 ? 'c' : 'd', { ...policy, cost: 20 })
+    waits.push(performance.now() - arrived)
+    sources[decision.source] = (sources[decision.source] ?? 0) + 1
+  }))
+  frozen.resume()
+  const longest = Math.max(...waits)
+  t.comment(`30 requests on a frozen Redis, deadline ${TIMEOUT_MS} ms: sources ${JSON.stringify(sources)}, longest wait ${longest.toFixed(1)} ms`)
+  t.same(sources, { 'fail-open': 30 }, 'every request follows its failure mode')
+  t.ok(longest <= TIMEOUT_MS + TOLERANCE_MS, `no request waits much longer than its deadline: ${longest.toFixed(1)} ms <= ${TIMEOUT_MS} + ${TOLERANCE_MS}`)
+  await limiter.close()
+})
+
+t.test('close() gives back the tokens of a lease call still in flight', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'close-flight', timeout: 2000 })
+  const policy = leased('api', 100, NO_REFILL, 50, 60_000)
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  proxy.delayMs = 200
+  const pending = limiter.consume('c', policy)
+  await sleep(50)
+  await limiter.close()
+  const decision = await pending
+  proxy.delayMs = 0
+  t.match(decision, { allowed: true, source: 'store' }, 'the request in flight is decided by Redis')
+  const left = await bucketTokens('close-flight:{c}:api', 100, NO_REFILL)
+  near(t, left, 99, 1e-5, 'after close(): only the request\'s own token is out of the bucket')
+})
+
+t.test('a lease reply after its deadline is given back', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'late', timeout: 2000 })
+  t.teardown(() => limiter.close())
+  const policy = leased('api', 100, NO_REFILL, 50, 60_000)
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  proxy.delayMs = 300
+  const decision = await limiter.consume('c', { ...policy, timeout: 50, failureMode: 'open' })
+  t.equal(decision.source, 'fail-open', 'the reply is late: the request followed its failure mode')
+  // The script ran at once; its reply comes 300 ms later, then the give-back
+  // (another 300 ms for its own reply, which changes nothing in Redis).
+  let left = await bucketTokens('late:{c}:api', 100, NO_REFILL)
+  near(t, left, 50, 1e-5, 'Redis took the batch of 50')
+  const until = performance.now() + 3000
+  while (left < 100 - 1e-5 && performance.now() < until) {
+    await sleep(50)
+    left = await bucketTokens('late:{c}:api', 100, NO_REFILL)
+  }
+  proxy.delayMs = 0
+  near(t, left, 100, 1e-5, 'all 50 come back: no request spent any of them')
 })
