@@ -325,7 +325,7 @@ export class LeaseFlights {
     const spec = head.request.specs[0] as BucketSpec
     if (reply.taken > 0) this.#book.add(spec, reply, sentAt, head.done ? 0 : spec.cost)
     const decision = this.#calls.decide(head.request, reply, sentAt)
-    if (!head.done) head.resolve(decision)
+    head.resolve(decision)
     head.done = true
     this.#pump(key)
     if (this.#closing) this.#giveBack(this.#book.release(key), head.request.timeoutMs)

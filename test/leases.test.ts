@@ -12,6 +12,7 @@ import t, { type Test } from 'tap'
 import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
 import { LeaseBook } from '../lib/lease.js'
 import { RedisStore } from '../lib/redis-store.js'
+import type { LeaseReply } from '../lib/store.js'
 import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
 import { startProxy } from './helpers/proxy.js'
 import { startRedisServer } from './helpers/redis.js'
@@ -67,6 +68,63 @@ function near (tt: { ok: (value: boolean, message: string) => boolean }, actual:
   await limiter.consume('warm-up', leased('warm-up', 10, 1, 2, 1000))
   await limiter.consume('warm-up', { bucket: 'warm-up-exact', capacity: 10, refillPerSecond: 1, failureMode: 'closed' })
 }
+
+// ------------------------------------------------- the decay, on a fake clock
+
+/** A lease reply as lua/lease.lua returns it, for the book's arithmetic. */
+function reply (taken: number, remaining: number, fullInUs: number, nowUs = 1_000_000_000): LeaseReply {
+  return { taken, nowUs, bucket: { remaining, fullInUs, waitUs: 0 } }
+}
+
+t.test('LeaseBook: usable = min(left, capacity - min(capacity, bucketLeft + refill x age))', async (t) => {
+  let now = 1000
+  const book = new LeaseBook(10, () => now)
+  const policy = leased('api', 10, 10, 10, 5000)
+  const spec = { key: 'k', capacity: 10, refillPerSecond: 10, cost: 1 }
+  // A full bucket of 10: the call took 10, 1 for its request, 9 kept; the
+  // bucket was empty right after, full again after 1 s.
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  t.match(book.spend(policy, spec, 5000), { allowed: true, source: 'cache', remaining: 8, resetMs: 1000 }, 'at once: 9 usable, 1 spent')
+  now += 300
+  // 300 ms later the bucket may hold 3: usable min(8, 10 - 3) = 7.
+  t.match(book.spend(policy, spec, 5000), { remaining: 9, resetMs: 700 }, 'after 300 ms: 7 usable, 1 spent; 3 in Redis + 6 here')
+  now += 400
+  // Now the bucket may hold 7: usable min(6, 3) = 3.
+  t.match(book.spend(policy, spec, 5000), { remaining: 9 }, 'after 700 ms: 3 usable, not 6; 1 spent: 7 + 2')
+  t.match(book.spend(policy, spec, 5000), { remaining: 8 }, '7 + 1')
+  t.match(book.spend(policy, spec, 5000), { remaining: 7 }, '7 + 0')
+  t.equal(book.spend(policy, spec, 5000), undefined, 'and none: the lease cannot pay')
+  now += 300
+  t.equal(book.release('k')?.tokens, 0, 'after 1 s the bucket may be full: nothing to give back')
+  t.equal(book.release('k'), undefined, 'released once')
+
+  // Give-backs: only the usable part, named by the full-at time.
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  now += 500
+  t.same(book.release('k'), { spec, tokens: 5, fullAtUs: 1_001_000_000 }, 'half a window: 9 unspent, 5 usable go back')
+  book.add(spec, reply(10, 0, 1_000_000), now, 0)
+  now += 250
+  t.same(book.unclaimed(spec, reply(10, 0, 1_000_000), now - 250), { spec, tokens: 7.5, fullAtUs: 1_001_000_000 }, 'a batch nobody waited for: 10 taken, 7.5 usable')
+  t.same(book.drain().map((back) => back.tokens), [7.5], 'drain: the usable part')
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  now += 2000
+  t.same(book.drain(), [], 'a fully decayed lease has nothing to give back')
+})
+
+t.test('LeaseBook: a lease older than maxAgeMs is not spent; the decay is slower when the bucket was emptier', async (t) => {
+  let now = 0
+  const book = new LeaseBook(10, () => now)
+  const policy = leased('api', 100, 10, 50, 1000)
+  const spec = { key: 'k', capacity: 100, refillPerSecond: 10, cost: 1 }
+  // The bucket held 50, the call took all of them: 49 kept, and the bucket
+  // needs 10 s to be full, so the lease decays only after 5 s.
+  book.add(spec, reply(50, 0, 10_000_000), now, 1)
+  now = 999
+  t.match(book.spend(policy, spec, 1000), { remaining: 57 }, 'just under maxAgeMs: 49 usable (the bucket may hold 9.99)')
+  now = 1000
+  t.equal(book.spend(policy, spec, 1000), undefined, 'at maxAgeMs: not spent')
+  t.equal(book.release('k')?.tokens, 48, 'and given back whole: none of it decayed')
+})
 
 t.test('a lease is spent in process: one Redis call per batch', async (t) => {
   const { limiter } = await newLimiter(t)
@@ -456,6 +514,13 @@ class Recorder {
   }
 }
 
+/** One app server of a fleet: its own client, the fleet's key prefix. */
+async function fleetLimiter (tt: Test, prefix: string): Promise<Limiter> {
+  const limiter = createLimiter({ redis: await connect(tt), prefix, timeout: 2000 })
+  tt.teardown(() => limiter.close())
+  return limiter
+}
+
 t.test('windows: a lease kept through a refill does not let one server burst past capacity', async (t) => {
   for (const [capacity, rate, tokens, burst] of [[10, 10, 10, 40], [100, 100, 100, 300]] as const) {
     const { limiter } = await newLimiter(t)
@@ -470,15 +535,30 @@ t.test('windows: a lease kept through a refill does not let one server burst pas
   }
 })
 
+t.test('windows: an older lease given back after another server took cannot refill the bucket twice', async (t) => {
+  // Capacity 10 at 10/s. A takes a batch of 10 (9 unspent). Half a window
+  // later B takes the 5 that came back (4 unspent). A gives its 5 usable
+  // tokens back: accepted, they would sit in the bucket while B's lease
+  // still counts on the bucket being 5 emptier, and half a window later B's
+  // 4 and a full bucket would be spent at once: 14 in a moment.
+  const [a, b, c] = [await fleetLimiter(t, 'older-lease'), await fleetLimiter(t, 'older-lease'), await fleetLimiter(t, 'older-lease')]
+  const policy = leased('api', 10, 10, 10, 60_000)
+  const recorder = new Recorder()
+  t.match(await recorder.consume(a, 'c', policy), { allowed: true, remaining: 9 }, 'A takes the batch')
+  await sleep(500)
+  t.match(await recorder.consume(b, 'c', policy), { allowed: true, source: 'store' }, 'B takes what came back')
+  await a.close()
+  await sleep(500)
+  for (let i = 0; i < 4; i++) await recorder.consume(b, 'c', policy)
+  for (let i = 0; i < 10; i++) await recorder.consume(c, 'c', policy)
+  recorder.check(t, 10, 10, 'A, B and C on one bucket')
+})
+
 t.test('windows: four limiters leasing from one bucket under random traffic', async (t) => {
   const CAPACITY = 30
   const RATE = 100
   const random = randomSource(20_240_601)
-  const servers = await Promise.all(Array.from({ length: 4 }, async () => {
-    const limiter = createLimiter({ redis: await connect(t), prefix: 'random-fleet', timeout: 2000 })
-    t.teardown(() => limiter.close())
-    return limiter
-  }))
+  const servers = await Promise.all(Array.from({ length: 4 }, () => fleetLimiter(t, 'random-fleet')))
   const policy = leased('shared', CAPACITY, RATE, 8, 2000)
   const recorder = new Recorder()
   // Bursts from random servers, with pauses of 0 to 1.3 windows between
@@ -556,13 +636,41 @@ t.test('close() gives back the tokens of a lease call still in flight', async (t
   t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
   proxy.delayMs = 200
   const pending = limiter.consume('c', policy)
+  // Waits for that call; the 49 it brings cannot pay 60.
+  const big = limiter.consume('c', policy, 60)
   await sleep(50)
   await limiter.close()
   const decision = await pending
   proxy.delayMs = 0
   t.match(decision, { allowed: true, source: 'store' }, 'the request in flight is decided by Redis')
+  t.match(await big, { allowed: false, source: 'fail-closed' }, 'a request still waiting when the call lands during close() gets no new call: its failure mode')
   const left = await bucketTokens('close-flight:{c}:api', 100, NO_REFILL)
   near(t, left, 99, 1e-5, 'after close(): only the request\'s own token is out of the bucket')
+})
+
+t.test('a batch that lands after its request left is kept for the next requests', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'left', timeout: 2000 })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { ...leased('api', 100, NO_REFILL, 10, 60_000), failureMode: 'open', timeout: 1000 }
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  // Replies take 600 ms. A takes a batch of 10; B (cost 20, deadline
+  // 1000 ms) waits for that call, then sends the next one at about 600 ms,
+  // which lands at about 1200 ms: after B's own deadline, within the
+  // call's (1000 ms from when it was sent).
+  proxy.delayMs = 600
+  const a = limiter.consume('c', policy)
+  const b = limiter.consume('c', policy, 20)
+  t.match(await a, { allowed: true, source: 'store' })
+  t.match(await b, { allowed: true, source: 'fail-open' }, 'B followed its failure mode at its own deadline')
+  await sleep(600)
+  proxy.delayMs = 0
+  near(t, await bucketTokens('left:{c}:api', 100, NO_REFILL), 79, 1e-5, 'B\'s call gave the 9 of A\'s batch back and took 20')
+  t.match(await limiter.consume('c', policy, 20), { allowed: true, source: 'cache' }, 'the 20 nobody spent pay the next request')
 })
 
 t.test('a lease reply after its deadline is given back', async (t) => {
