@@ -560,7 +560,10 @@ t.test('windows: four limiters leasing from one bucket under random traffic', as
   const random = randomSource(20_240_601)
   const servers = await Promise.all(Array.from({ length: 4 }, () => fleetLimiter(t, 'random-fleet')))
   const policy = leased('shared', CAPACITY, RATE, 8, 2000)
+  // The same requests on a bucket without leases, for the under-admission.
+  const exact: Policy = { bucket: 'exact', capacity: CAPACITY, refillPerSecond: RATE, failureMode: 'closed' }
   const recorder = new Recorder()
+  const control = new Recorder()
   // Bursts from random servers, with pauses of 0 to 1.3 windows between
   // them: leases are taken in a burst and kept through the pause.
   for (let burst = 0; burst < 12; burst++) {
@@ -569,11 +572,17 @@ t.test('windows: four limiters leasing from one bucket under random traffic', as
     await Promise.all(Array.from({ length: size }, async () => {
       await yieldToLoop()
       const server = servers[Math.floor(random() * servers.length)] as Limiter
-      await recorder.consume(server, 'fleet', policy, random() < 0.8 ? 1 : 2)
+      const cost = random() < 0.8 ? 1 : 2
+      await Promise.all([recorder.consume(server, 'fleet', policy, cost), control.consume(server, 'fleet', exact, cost)])
     }))
   }
   t.notOk(recorder.sources['fail-closed'], 'no store failure')
   recorder.check(t, CAPACITY, RATE, '4 limiters, capacity 30, 100/s, leases of 8')
+  control.check(t, CAPACITY, RATE, 'the same requests without leases')
+  const tokens = (r: Recorder): number => r.admissions.reduce((sum, a) => sum + a.cost, 0)
+  const share = tokens(recorder) / tokens(control)
+  t.comment(`under-admission: leases admit ${tokens(recorder)} tokens, the exact bucket ${tokens(control)} (${(share * 100).toFixed(0)}%)`)
+  t.ok(share >= 0.6, `leases admit at least 60% of what the exact bucket admits (${(share * 100).toFixed(0)}%)`)
 })
 
 t.test('concurrent misses share one lease call: 100 at once on a bucket of 100', async (t) => {
