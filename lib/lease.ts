@@ -41,7 +41,7 @@ export interface GiveBack {
  * the bucket refills underneath: spent after a pause, they would come on
  * top of a full bucket, and the fleet would admit more than the bucket in
  * some window (capacity 10, 10/s, a lease of 10: one request, 1.2 s, then
- * 19 admitted in 8 ms). So the unspent tokens count as still in the
+ * 19 admitted within 4 ms). So the unspent tokens count as still in the
  * bucket. Right after the call the bucket held `bucketLeft`; `age` later,
  * measured from when the call was sent (so never less than the time since
  * the script ran), it holds at most bucketLeft + refill x age, and the
