@@ -382,7 +382,7 @@ t.test('interleaved leases and give-backs never spend more than capacity + refil
     const run = runs[i] as Run
     t.comment(`${shape.name}: ${run.calls} calls (${run.taken} took, ${run.denied} denied, ${run.skipped} at a rounding boundary), ` +
       `${run.spent} tokens spent of at most ${run.bound.toFixed(3)}; give-backs: ${run.accepted} accepted, ${run.refused} refused`)
-    t.ok(run.accepted >= 10 && run.refused >= 10, `${shape.name}: give-backs both accepted and refused`)
+    t.ok(run.accepted >= 3 && run.refused >= 3, `${shape.name}: give-backs both accepted and refused (at least 3 each)`)
     t.same(run.problems.slice(0, 5), [], `${shape.name}: no problem (${run.problems.length} found)`)
     t.ok(run.taken >= 10 && run.denied >= 10, `${shape.name}: both takings and denials seen`)
     // The demand keeps the bucket near empty, so the bound is nearly
