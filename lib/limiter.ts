@@ -2,7 +2,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import { Guard } from './guard.js'
-import { LeaseBook } from './lease.js'
+import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import {
@@ -86,6 +86,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     ? undefined
     : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, options.logger)
   const leases = new LeaseBook(10_000)
+  let flights: LeaseFlights | undefined
   const checked = new WeakSet<object>()
   const denials = guard === undefined || options.denialCache === false
     ? undefined
@@ -159,31 +160,41 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
 
   /**
    * A single-policy consume with leases: spend from this server's batch;
-   * else, unless a cached denial still holds, give the rest of the batch
-   * back and take a new one, in one call.
+   * else, unless a cached denial still holds, wait in the bucket's queue
+   * for a lease call (lib/lease.ts: one in flight per bucket, the rest of
+   * the old batch given back with it).
    */
   async function leased (guard: Guard, store: RedisStore, policy: Policy, lease: NonNullable<Policy['lease']>, specs: BucketSpec[]): Promise<Decision> {
-    const spec = specs[0] as BucketSpec
-    const served = leases.spend(policy, spec, lease.maxAgeMs)
+    const served = leases.spend(policy, specs[0] as BucketSpec, lease.maxAgeMs)
     if (served !== undefined) return served
-    const cached = denials?.get(spec.key, specs)
-    if (cached !== undefined) return cached
-    const back = leases.release(spec.key)
-    const sentAt = performance.now()
-    try {
-      const reply = await guard.run(() => store.lease(spec, Math.max(spec.cost, lease.tokens), back), policy.timeout ?? defaultTimeout, specs)
-      if (reply.taken > 0) leases.add(spec, reply)
-      const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
-      const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
-      if (!decision.allowed && denials !== undefined) {
-        // A denied client waits until a whole batch is back, not just its
-        // cost: otherwise a flood takes the bucket one token per call.
-        decision.retryAfterMs += batchHoldMs(policy, lease, spec.cost)
-        denials.set(spec.key, specs, decision, sentAt)
-      }
-      return decision
-    } catch {
-      return fallback(guard, [policy], specs, true)
+    flights ??= new LeaseFlights(leases, leaseCalls(guard, store))
+    const request = { policy, lease, specs, timeoutMs: policy.timeout ?? defaultTimeout }
+    const decision = denials?.get((specs[0] as BucketSpec).key, specs) ?? await flights.decide(request)
+    return decision ?? fallback(guard, [policy], specs, true)
+  }
+
+  /** The store side of lease calls: through the guard, each reply turned into a decision. */
+  function leaseCalls (guard: Guard, store: RedisStore): LeaseCalls {
+    return {
+      take: (spec, most, back, timeoutMs, sent) => guard.run(() => {
+        const reply = store.lease(spec, most, back?.tokens ?? 0, back?.fullAtUs ?? 0)
+        sent(reply)
+        return reply
+      }, timeoutMs, [spec]),
+      decide (request, reply, sentAt) {
+        const { policy, lease, specs } = request
+        const spec = specs[0] as BucketSpec
+        const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
+        const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
+        if (!decision.allowed && denials !== undefined) {
+          // A denied client waits until a whole batch is back, not just its
+          // cost: otherwise a flood takes the bucket one token per call.
+          decision.retryAfterMs += batchHoldMs(policy, lease, spec.cost)
+          denials.set(spec.key, specs, decision, sentAt)
+        }
+        return decision
+      },
+      denied: (request) => denials?.get((request.specs[0] as BucketSpec).key, request.specs)
     }
   }
 
@@ -225,11 +236,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       if (guard !== undefined) await guard.reset(key, defaultTimeout)
     },
     async close () {
-      if (guard !== undefined && redis !== undefined) {
-        const store = redis
-        await Promise.allSettled(leases.drain().map(([spec, left]) =>
-          guard.run(() => store.lease({ ...spec, cost: 0 }, 0, left), defaultTimeout, [spec])))
-      }
+      await flights?.close(defaultTimeout)
       denials?.clear()
       memory.clear()
       local.clear()

@@ -73,9 +73,9 @@ export class RedisStore implements Store, LeaseStore {
     return { allowed, buckets }
   }
 
-  async lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply> {
+  async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
     this.#ready()
-    const reply = await this.#redis[LEASE_COMMAND]!(spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack)
+    const reply = await this.#redis[LEASE_COMMAND]!(spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom)
     return {
       taken: Number(reply[0]),
       nowUs: Number(reply[1]),

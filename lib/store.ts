@@ -57,7 +57,8 @@ export interface LeaseReply {
 
 /** A store that can lend tokens in batches (see lua/lease.lua). */
 export interface LeaseStore {
-  lease (spec: BucketSpec, most: number, giveBack: number): Promise<LeaseReply>
+  /** `giveBackFrom`: the full-at time the call that took the given-back tokens left (lua/lease.lua, ARGV[6]). */
+  lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply>
 }
 
 /**

@@ -10,8 +10,11 @@
 -- ARGV[3]   least to take, tokens: the request's cost; 0 takes nothing
 --           (a pure give-back)
 -- ARGV[4]   most to take, tokens (>= ARGV[3]): the lease size
--- ARGV[5]   tokens given back before taking (>= 0): the unspent part of an
---           earlier lease of this caller
+-- ARGV[5]   tokens given back before taking (>= 0): the usable unspent part
+--           of an earlier lease of this caller
+-- ARGV[6]   the full-at time, microseconds of Redis's clock, that the call
+--           which took that earlier lease left in the key (its reply's
+--           [2] + [4]); 0 when nothing is given back
 --
 -- Returns:
 --   [1]  tokens taken, as a string: 0 when the bucket cannot afford the
@@ -21,13 +24,31 @@
 --   [3]  tokens left in the bucket after this call, as a string
 --   [4]  microseconds until the bucket is full again
 --   [5]  microseconds until `least` tokens are available; 0 when taken
+--   [6]  tokens actually given back, as a string: ARGV[5], less what would
+--        overfill the bucket; 0 when the give-back was refused (below)
 --
 -- Why TIME: as in token-bucket.lua, the clock is Redis's own, so no app
 -- server can pass in a clock of its own.
--- Giving back moves the full-at time back by the unspent tokens, never
--- past now (a bucket holds at most capacity): the bucket then holds what
--- it would hold had only the spent tokens been taken, so a lease can never
--- let the fleet spend more than the bucket allows.
+--
+-- Why a give-back names its lease: tokens given back are accepted only
+-- while the key still holds exactly the full-at time the lease's own call
+-- left, that is, while no call has taken from the bucket since (a take
+-- always moves the full-at time later, and a give-back never moves it
+-- back past where it was before the giver's take, see lib/lease.ts). A
+-- lease taken later by another app server bounds its own tokens by the
+-- bucket it saw; tokens of an older lease arriving in the bucket after it
+-- would let the fleet exceed capacity + refill x w in some window (the
+-- proof is in lib/lease.ts). A refused give-back costs under-admission
+-- only: those tokens come back by refill.
+-- Giving back moves the full-at time back by the tokens, never past now (a
+-- bucket holds at most capacity).
+--
+-- Why the clamp on what is read: a bucket is never further than capacity
+-- tokens from full, so busy is at most capacity x T. A larger value means
+-- Redis's clock stepped back (an NTP correction, a failover to a replica
+-- whose clock is behind); read as it is, it would lock the client out for
+-- the size of the step. Clamped, a step costs at most one window
+-- (capacity / refill), as in token-bucket.lua.
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -36,12 +57,16 @@ local step = 1000000 / ARGV[2]
 local least = tonumber(ARGV[3])
 local most = tonumber(ARGV[4])
 local back = tonumber(ARGV[5])
+local from = tonumber(ARGV[6])
 
 -- As in token-bucket.lua, all arithmetic is relative to now.
 local stored = tonumber(redis.call('GET', KEYS[1]))
 local busy = (stored or now) - now
 if busy < 0 then busy = 0 end
-if back > 0 then
+if busy > capacity * step then busy = capacity * step end
+local given = 0
+if back > 0 and stored == from then
+  given = math.min(back, busy / step)
   busy = math.max(0, math.ceil(busy - back * step))
 end
 
@@ -57,7 +82,7 @@ if least > 0 then
   end
 end
 
-if taken > 0 or back > 0 then
+if taken > 0 or given > 0 then
   if busy > 0 then
     redis.call('PSETEX', KEYS[1], math.ceil(busy / 1000) + 1, now + busy)
   elseif stored ~= nil then
@@ -65,4 +90,4 @@ if taken > 0 or back > 0 then
   end
 end
 
-return { tostring(taken), now, tostring(capacity - busy / step), busy, wait }
+return { tostring(taken), now, tostring(capacity - busy / step), busy, wait, tostring(given) }

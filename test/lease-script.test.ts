@@ -40,9 +40,12 @@ function near (tt: Assert, actual: number, expected: number, tolerance: number, 
   tt.ok(Math.abs(actual - expected) <= tolerance, `${what}: ${actual} within ${tolerance} of ${expected}`)
 }
 
-/** A lease call on a bucket of `capacity` tokens that does not refill during the test. */
-function call (key: string, capacity: number, least: number, most: number, back = 0): LeaseCall {
-  return { key, capacity, refillPerSecond: NO_REFILL, least, most, back }
+/**
+ * A lease call on a bucket of `capacity` tokens that does not refill during
+ * the test; `from` names the lease given back (the full-at time its call left).
+ */
+function call (key: string, capacity: number, least: number, most: number, back = 0, from = 0): LeaseCall {
+  return { key, capacity, refillPerSecond: NO_REFILL, least, most, back, from }
 }
 
 t.test('takes between least and most: the most available in whole tokens, never below least', async (t) => {
@@ -90,7 +93,8 @@ t.test('gives back before taking', async (t) => {
   t.equal(without.taken, 0, 'without a give-back: 2 left cannot pay 3')
 
   const stored = Number(await redis.get(key))
-  const with4 = await lease.run(call(key, 10, 3, 5, 4))
+  const with4 = await lease.run(call(key, 10, 3, 5, 4, stored))
+  t.equal(with4.given, 4, 'the 4 are accepted: nothing was taken since the call that took them')
   t.equal(with4.taken, 5, 'giving back 4 first: 6 available, takes the most asked, 5')
   near(t, with4.remaining, 1, DRIFT, '1 left')
   t.equal(Number(await redis.get(key)), stored - 4 * TOKEN_US + 5 * TOKEN_US, 'full-at time: 4 tokens earlier, then 5 later')
@@ -99,9 +103,10 @@ t.test('gives back before taking', async (t) => {
 t.test('never past full', async (t) => {
   const key = uniqueKey('full')
   t.equal((await lease.run(call(key, 10, 2, 2))).taken, 2)
-  const back = await lease.run(call(key, 10, 0, 0, 100))
+  const back = await lease.run(call(key, 10, 0, 0, 100, Number(await redis.get(key))))
   t.equal(back.taken, 0, 'a pure give-back takes nothing')
   t.equal(back.remaining, 10, 'giving back 100 with 2 missing fills the bucket: 10, not 108')
+  near(t, back.given, 2, DRIFT, 'and says it accepted 2')
   t.equal(back.fullInUs, 0)
   t.equal(await redis.exists(key), 0, 'a full bucket is a missing key: deleted')
 
@@ -127,7 +132,7 @@ t.test('a pure give-back (least 0) moves the full-at time back and never denies'
   const key = uniqueKey('pure')
   t.equal((await lease.run(call(key, 5, 5, 5))).taken, 5, 'empty the bucket')
   const stored = Number(await redis.get(key))
-  const back = await lease.run(call(key, 5, 0, 0, 2))
+  const back = await lease.run(call(key, 5, 0, 0, 2, stored))
   t.equal(back.taken, 0, 'takes nothing')
   t.equal(back.waitUs, 0, 'an empty bucket does not make a give-back wait')
   near(t, back.remaining, 2, DRIFT, 'the 2 tokens are back')
@@ -151,11 +156,51 @@ t.test('denial: takes nothing, reports the wait, still applies the give-back', a
 
   // The caller hands its unspent tokens over with the call whatever the
   // outcome, so a denied call must still put them back.
-  const withBack = await lease.run(call(key, 10, 5, 5, 2))
+  const withBack = await lease.run(call(key, 10, 5, 5, 2, Number(stored)))
   t.equal(withBack.taken, 0, 'giving back 2: 3 available cannot pay 5')
   near(t, withBack.waitUs, 2 * TOKEN_US, DRIFT * TOKEN_US, 'wait: the 2 tokens still missing')
   near(t, withBack.remaining, 3, DRIFT, 'reports the 3 tokens, given-back ones included')
   t.equal(Number(await redis.get(key)), Number(stored) - 2 * TOKEN_US, 'and the give-back is stored')
+})
+
+t.test('a give-back is refused once another call has taken from the bucket', async (t) => {
+  const key = uniqueKey('refused')
+  const older = await lease.run(call(key, 10, 1, 4))
+  const olderFrom = older.nowUs + older.fullInUs
+  t.equal(olderFrom, Number(await redis.get(key)), 'a lease is named by the full-at time its call left')
+  const younger = await lease.run(call(key, 10, 1, 4))
+  t.equal(younger.taken, 4, 'another server takes a batch after it')
+  const stored = await redis.get(key)
+  const refused = await lease.run(call(key, 10, 0, 0, 3, olderFrom))
+  t.equal(refused.given, 0, 'the older lease gives 3 back: refused')
+  t.equal(await redis.get(key), stored, 'and nothing is written')
+  const taking = await lease.run(call(key, 10, 1, 1, 3, olderFrom))
+  t.equal(taking.given, 0, 'refused with a take as well')
+  t.equal(taking.taken, 1, 'the take itself goes through')
+  near(t, taking.remaining, 1, DRIFT, '10 - 4 - 4 - 1')
+  const own = await lease.run(call(key, 10, 0, 0, 1, taking.nowUs + taking.fullInUs))
+  t.equal(own.given, 1, 'the latest call\'s own give-back is accepted')
+  t.equal((await lease.run(call(key, 10, 0, 0, 1, 0))).given, 0, 'a give-back that names no lease is refused')
+})
+
+t.test('a full-at time far ahead (Redis\'s clock stepped back) costs at most one window', async (t) => {
+  // Capacity 10 at 10/s: a window is 1 s. The key holds a full-at time 1 h
+  // ahead of Redis's clock: the state a step back of 1 h leaves behind.
+  const HOUR_US = 3_600_000_000
+  const shape = { capacity: 10, refillPerSecond: 10 }
+  const key = uniqueKey('clock-step')
+  const ahead = await redisMicros(redis) + HOUR_US
+  await redis.set(key, String(ahead), 'PX', 2 * HOUR_US / 1000)
+  const denied = await lease.run({ key, ...shape, least: 1, most: 5, back: 0 })
+  t.equal(denied.taken, 0, 'an empty bucket: denied')
+  t.ok(denied.waitUs <= 1_000_000, `wait ${denied.waitUs} us: at most one window (1 s), not the hour`)
+  t.ok(denied.fullInUs <= 1_000_000, `full again in ${denied.fullInUs} us: at most one window`)
+  t.equal(Number(await redis.get(key)), ahead, 'a denial writes nothing')
+  const back = await lease.run({ key, ...shape, least: 0, most: 0, back: 4, from: ahead })
+  t.equal(back.given, 4, 'a give-back counts from the clamped state')
+  const stored = Number(await redis.get(key))
+  t.ok(stored - back.nowUs <= 1_000_000, `and writes a full-at time at most one window ahead (${stored - back.nowUs} us)`)
+  t.ok(await redis.pttl(key) <= 1_001, 'with a TTL to match')
 })
 
 t.test('TTL: the key expires at or just after the bucket is full again', async (t) => {
@@ -181,9 +226,14 @@ t.test('TTL: the key expires at or just after the bucket is full again', async (
 
 // ------------------------------------------------------------ property test
 
-/** One app server's view: the unspent part of its last lease. */
+/**
+ * One app server's view: the unspent part of its last lease, the full-at
+ * time that lease's call left, and how many calls had taken when it did.
+ */
 interface Holder {
   held: number
+  from: number
+  takenAt: number
 }
 
 interface Shape {
@@ -211,6 +261,9 @@ interface Run {
   taken: number
   denied: number
   skipped: number
+  /** Give-backs accepted, and refused because another call had taken since. */
+  accepted: number
+  refused: number
   problems: string[]
 }
 
@@ -229,12 +282,13 @@ async function leaseRun (shape: Shape, index: number): Promise<Run> {
   const random = randomSource(seed + index * 104_729)
   const pick = <T>(list: readonly T[]): T => list[Math.floor(random() * list.length)] as T
   const key = uniqueKey(`lease-model${index}`)
-  const holders: Holder[] = Array.from({ length: HOLDERS }, () => ({ held: 0 }))
+  const holders: Holder[] = Array.from({ length: HOLDERS }, () => ({ held: 0, from: 0, takenAt: 0 }))
+  let takes = 0
   const model = new ReferenceBucket(shape)
   const perUs = shape.refillPerSecond / 1e6
   let behindUs = 0
   let startUs: number | undefined
-  const run: Run = { spent: 0, boundUs: 0, bound: 0, calls: 0, taken: 0, denied: 0, skipped: 0, problems: [] }
+  const run: Run = { spent: 0, boundUs: 0, bound: 0, calls: 0, taken: 0, denied: 0, skipped: 0, accepted: 0, refused: 0, problems: [] }
 
   const checkBound = (nowUs: number, where: string): void => {
     const bound = shape.capacity + shape.refillPerSecond * (nowUs - (startUs ?? nowUs)) / 1e6
@@ -260,7 +314,12 @@ async function leaseRun (shape: Shape, index: number): Promise<Run> {
     const least = close ? 0 : cost
     const most = close ? 0 : Math.max(cost, shape.batch)
     holder.held = 0
-    const reply: LeaseScriptReply = await lease.run({ key, capacity: shape.capacity, refillPerSecond: shape.refillPerSecond, least, most, back })
+    // Accepted only when no call has taken since this holder's own.
+    const accepted = back > 0 && holder.takenAt === takes
+    const reply: LeaseScriptReply = await lease.run({ key, capacity: shape.capacity, refillPerSecond: shape.refillPerSecond, least, most, back, from: holder.from })
+    if (!accepted && reply.given !== 0) run.problems.push(`step ${step}: a give-back of ${back} accepted (${reply.given}) after another call took`)
+    if (accepted) run.accepted++
+    else if (back > 0) run.refused++
     run.calls++
     startUs ??= reply.nowUs
     const where = `step ${step} (least ${least}, most ${most}, back ${back})`
@@ -268,7 +327,7 @@ async function leaseRun (shape: Shape, index: number): Promise<Run> {
     // The model, on the script's clock.
     const uncapped = model.advance(reply.nowUs)
     if (uncapped >= shape.capacity + behindUs * perUs) behindUs = 0
-    if (back > 0) {
+    if (accepted) {
       const before = model.tokens
       model.giveBack(back)
       // Moving the full-at time back rounds up too, unless it reaches full.
@@ -293,6 +352,8 @@ async function leaseRun (shape: Shape, index: number): Promise<Run> {
         model.spend(reply.taken)
         behindUs += 1
         holder.held = reply.taken - cost
+        holder.from = reply.nowUs + reply.fullInUs
+        holder.takenAt = ++takes
         run.spent += cost
         run.taken++
       } else {
@@ -320,7 +381,8 @@ t.test('interleaved leases and give-backs never spend more than capacity + refil
     const shape = SHAPES[i] as Shape
     const run = runs[i] as Run
     t.comment(`${shape.name}: ${run.calls} calls (${run.taken} took, ${run.denied} denied, ${run.skipped} at a rounding boundary), ` +
-      `${run.spent} tokens spent of at most ${run.bound.toFixed(3)}`)
+      `${run.spent} tokens spent of at most ${run.bound.toFixed(3)}; give-backs: ${run.accepted} accepted, ${run.refused} refused`)
+    t.ok(run.accepted >= 3 && run.refused >= 3, `${shape.name}: give-backs both accepted and refused (at least 3 each)`)
     t.same(run.problems.slice(0, 5), [], `${shape.name}: no problem (${run.problems.length} found)`)
     t.ok(run.taken >= 10 && run.denied >= 10, `${shape.name}: both takings and denials seen`)
     // The demand keeps the bucket near empty, so the bound is nearly

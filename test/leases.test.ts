@@ -8,11 +8,13 @@
 import { setImmediate as yieldToLoop, setTimeout as sleep } from 'node:timers/promises'
 import Fastify from 'fastify'
 import { Redis } from 'ioredis'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
 import { LeaseBook } from '../lib/lease.js'
 import { RedisStore } from '../lib/redis-store.js'
-import { redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
+import type { LeaseReply } from '../lib/store.js'
+import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
+import { startProxy } from './helpers/proxy.js'
 import { startRedisServer } from './helpers/redis.js'
 
 const server = await startRedisServer()
@@ -66,6 +68,63 @@ function near (tt: { ok: (value: boolean, message: string) => boolean }, actual:
   await limiter.consume('warm-up', leased('warm-up', 10, 1, 2, 1000))
   await limiter.consume('warm-up', { bucket: 'warm-up-exact', capacity: 10, refillPerSecond: 1, failureMode: 'closed' })
 }
+
+// ------------------------------------------------- the decay, on a fake clock
+
+/** A lease reply as lua/lease.lua returns it, for the book's arithmetic. */
+function reply (taken: number, remaining: number, fullInUs: number, nowUs = 1_000_000_000): LeaseReply {
+  return { taken, nowUs, bucket: { remaining, fullInUs, waitUs: 0 } }
+}
+
+t.test('LeaseBook: usable = min(left, capacity - min(capacity, bucketLeft + refill x age))', async (t) => {
+  let now = 1000
+  const book = new LeaseBook(10, () => now)
+  const policy = leased('api', 10, 10, 10, 5000)
+  const spec = { key: 'k', capacity: 10, refillPerSecond: 10, cost: 1 }
+  // A full bucket of 10: the call took 10, 1 for its request, 9 kept; the
+  // bucket was empty right after, full again after 1 s.
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  t.match(book.spend(policy, spec, 5000), { allowed: true, source: 'cache', remaining: 8, resetMs: 1000 }, 'at once: 9 usable, 1 spent')
+  now += 300
+  // 300 ms later the bucket may hold 3: usable min(8, 10 - 3) = 7.
+  t.match(book.spend(policy, spec, 5000), { remaining: 9, resetMs: 700 }, 'after 300 ms: 7 usable, 1 spent; 3 in Redis + 6 here')
+  now += 400
+  // Now the bucket may hold 7: usable min(6, 3) = 3.
+  t.match(book.spend(policy, spec, 5000), { remaining: 9 }, 'after 700 ms: 3 usable, not 6; 1 spent: 7 + 2')
+  t.match(book.spend(policy, spec, 5000), { remaining: 8 }, '7 + 1')
+  t.match(book.spend(policy, spec, 5000), { remaining: 7 }, '7 + 0')
+  t.equal(book.spend(policy, spec, 5000), undefined, 'and none: the lease cannot pay')
+  now += 300
+  t.equal(book.release('k')?.tokens, 0, 'after 1 s the bucket may be full: nothing to give back')
+  t.equal(book.release('k'), undefined, 'released once')
+
+  // Give-backs: only the usable part, named by the full-at time.
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  now += 500
+  t.same(book.release('k'), { spec, tokens: 5, fullAtUs: 1_001_000_000 }, 'half a window: 9 unspent, 5 usable go back')
+  book.add(spec, reply(10, 0, 1_000_000), now, 0)
+  now += 250
+  t.same(book.unclaimed(spec, reply(10, 0, 1_000_000), now - 250), { spec, tokens: 7.5, fullAtUs: 1_001_000_000 }, 'a batch nobody waited for: 10 taken, 7.5 usable')
+  t.same(book.drain().map((back) => back.tokens), [7.5], 'drain: the usable part')
+  book.add(spec, reply(10, 0, 1_000_000), now, 1)
+  now += 2000
+  t.same(book.drain(), [], 'a fully decayed lease has nothing to give back')
+})
+
+t.test('LeaseBook: a lease older than maxAgeMs is not spent; the decay is slower when the bucket was emptier', async (t) => {
+  let now = 0
+  const book = new LeaseBook(10, () => now)
+  const policy = leased('api', 100, 10, 50, 1000)
+  const spec = { key: 'k', capacity: 100, refillPerSecond: 10, cost: 1 }
+  // The bucket held 50, the call took all of them: 49 kept, and the bucket
+  // needs 10 s to be full, so the lease decays only after 5 s.
+  book.add(spec, reply(50, 0, 10_000_000), now, 1)
+  now = 999
+  t.match(book.spend(policy, spec, 1000), { remaining: 57 }, 'just under maxAgeMs: 49 usable (the bucket may hold 9.99)')
+  now = 1000
+  t.equal(book.spend(policy, spec, 1000), undefined, 'at maxAgeMs: not spent')
+  t.equal(book.release('k')?.tokens, 48, 'and given back whole: none of it decayed')
+})
 
 t.test('a lease is spent in process: one Redis call per batch', async (t) => {
   const { limiter } = await newLimiter(t)
@@ -192,13 +251,17 @@ t.test('a cached denial does not hide the tokens of a lease', async (t) => {
   const { limiter } = await newLimiter(t)
   const policy = leased('api', 5, NO_REFILL, 5, 60_000)
   // Two requests at once on a bucket of 5: the first call takes all 5 (1
-  // spent, 4 in the lease), the second finds the bucket empty and is denied,
-  // and that denial is cached (for as long as a token takes to come back).
+  // spent, 4 in the lease); the second waits for that call instead of
+  // sending its own, and is paid from the lease.
   const [first, second] = await Promise.all([limiter.consume('c', policy), limiter.consume('c', policy)])
   t.match(first, { allowed: true, source: 'store', remaining: 4 }, 'one takes the batch')
-  t.match(second, { allowed: false, source: 'store' }, 'the other is denied by Redis')
+  t.match(second, { allowed: true, source: 'cache', remaining: 3 }, 'the other is paid from it')
+  // A cost the lease cannot pay gives the 3 back and is denied by Redis
+  // (which then holds 3); that denial is cached for cost 4 and more only.
+  t.match(await limiter.consume('c', policy, 4), { allowed: false, source: 'store' }, 'cost 4: denied by Redis')
   const next = await limiter.consume('c', policy)
-  t.match(next, { allowed: true, source: 'cache', remaining: 3 }, 'the next request is paid from the 4 tokens of the lease')
+  t.match(next, { allowed: true, source: 'store', remaining: 2 }, 'cost 1 is not held back by the denial of cost 4')
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'cache', remaining: 1 }, 'and the next one is paid from its lease')
 })
 
 t.test('a lease given back by a denied call serves a cheaper request', async (t) => {
@@ -239,8 +302,8 @@ t.test('the lease book is size-capped: past maxKeys the oldest lease is dropped'
   const store = new RedisStore(await connect(t))
   const book = new LeaseBook(3)
   const specs = Array.from({ length: 5 }, (_, i) => ({ key: `lease-book:{c}:b${i}`, capacity: 10, refillPerSecond: NO_REFILL, cost: 1 }))
-  for (const spec of specs) book.add(spec, await store.lease(spec, 4, 0))
-  t.same(book.drain().map(([spec, left]) => [spec.key, left]), [['lease-book:{c}:b2', 3], ['lease-book:{c}:b3', 3], ['lease-book:{c}:b4', 3]],
+  for (const spec of specs) book.add(spec, await store.lease(spec, 4, 0, 0), performance.now(), spec.cost)
+  t.same(book.drain().map(({ spec, tokens }) => [spec.key, Math.round(tokens * 1e6) / 1e6]), [['lease-book:{c}:b2', 3], ['lease-book:{c}:b3', 3], ['lease-book:{c}:b4', 3]],
     'the 3 most recent leases are kept, 3 unspent tokens each')
   t.same(book.drain(), [], 'and drain() empties the book')
 })
@@ -378,4 +441,269 @@ t.test('four limiters leasing from one bucket never admit more than capacity + r
   await Promise.all(servers.map((limiter) => limiter.close()))
   const left = await bucketTokens('fleet:{fleet-client}:leased', CAPACITY, RATE)
   t.ok(left >= 0 && left <= CAPACITY, `after close, the bucket holds ${left.toFixed(3)} tokens`)
+})
+
+// ------------------------------------------------------------ the edges
+//
+// SPEC section 10: across the fleet, in ANY window of length w, a bucket
+// admits at most capacity + refill x w. The checks below record when each
+// admission was seen (performance.now() as the decision resolved) and check
+// every window between two admissions, not only the total since the start.
+// Tolerance: a decision made by Redis happened somewhere in the round trip
+// before it was seen, so a window of seen times may hold admissions of a
+// window up to one round trip longer: refill x the longest round trip of
+// the run (each run measures it: the longest consume() that Redis decided).
+
+interface Admission {
+  at: number
+  cost: number
+}
+
+interface Window {
+  /** Cost admitted in the worst window, and that window's bound. */
+  admitted: number
+  bound: number
+  ms: number
+  /** admitted - bound: <= 0 when every window keeps the invariant. */
+  excess: number
+}
+
+/** The window between two admissions whose admitted cost most exceeds capacity + refill x w. */
+function worstWindow (admissions: readonly Admission[], capacity: number, refillPerSecond: number): Window {
+  const sorted = [...admissions].sort((a, b) => a.at - b.at)
+  let worst: Window = { admitted: 0, bound: capacity, ms: 0, excess: -capacity }
+  for (let i = 0; i < sorted.length; i++) {
+    let admitted = 0
+    const from = (sorted[i] as Admission).at
+    for (let j = i; j < sorted.length; j++) {
+      const { at, cost } = sorted[j] as Admission
+      admitted += cost
+      const bound = capacity + refillPerSecond * (at - from) / 1000
+      if (admitted - bound > worst.excess) worst = { admitted, bound, ms: at - from, excess: admitted - bound }
+    }
+  }
+  return worst
+}
+
+/** Records the admissions of a limiter and the longest round trip Redis decided. */
+class Recorder {
+  readonly admissions: Admission[] = []
+  readonly sources: Record<string, number> = {}
+  denied = 0
+  longestStoreMs = 0
+
+  async consume (limiter: Limiter, client: string, policy: Policy, cost = 1): Promise<Decision> {
+    const start = performance.now()
+    const decision = await limiter.consume(client, policy, cost)
+    const at = performance.now()
+    this.sources[decision.source] = (this.sources[decision.source] ?? 0) + 1
+    if (decision.source === 'store') this.longestStoreMs = Math.max(this.longestStoreMs, at - start)
+    if (decision.allowed) this.admissions.push({ at, cost })
+    else this.denied++
+    return decision
+  }
+
+  check (t: Test, capacity: number, refillPerSecond: number, what: string): Window {
+    const worst = worstWindow(this.admissions, capacity, refillPerSecond)
+    const tolerance = refillPerSecond * this.longestStoreMs / 1000
+    t.comment(`${what}: ${this.admissions.length} admitted, ${this.denied} denied, sources ${JSON.stringify(this.sources)}; ` +
+      `worst window ${worst.ms.toFixed(1)} ms: ${worst.admitted} admitted, bound ${worst.bound.toFixed(2)}, tolerance ${tolerance.toFixed(3)}`)
+    t.ok(worst.excess <= tolerance, `${what}: every window admits at most capacity + refill x w (+ ${tolerance.toFixed(3)}): ` +
+      `worst ${worst.admitted} in ${worst.ms.toFixed(1)} ms against ${worst.bound.toFixed(2)}`)
+    return worst
+  }
+}
+
+/** One app server of a fleet: its own client, the fleet's key prefix. */
+async function fleetLimiter (tt: Test, prefix: string): Promise<Limiter> {
+  const limiter = createLimiter({ redis: await connect(tt), prefix, timeout: 2000 })
+  tt.teardown(() => limiter.close())
+  return limiter
+}
+
+t.test('windows: a lease kept through a refill does not let one server burst past capacity', async (t) => {
+  for (const [capacity, rate, tokens, burst] of [[10, 10, 10, 40], [100, 100, 100, 300]] as const) {
+    const { limiter } = await newLimiter(t)
+    const policy = leased('api', capacity, rate, tokens, 5000)
+    const recorder = new Recorder()
+    await recorder.consume(limiter, 'c', policy)
+    // Past one window (capacity / refill = 1 s): the bucket is full again in
+    // Redis, and the lease still holds tokens - 1 unspent ones.
+    await sleep(1200)
+    for (let i = 0; i < burst; i++) await recorder.consume(limiter, 'c', policy)
+    recorder.check(t, capacity, rate, `capacity ${capacity}, ${rate}/s, a lease of ${tokens}, 1 request, 1.2 s, ${burst} in a row`)
+  }
+})
+
+t.test('windows: an older lease given back after another server took cannot refill the bucket twice', async (t) => {
+  // Capacity 10 at 10/s. A takes a batch of 10 (9 unspent). Half a window
+  // later B takes the 5 that came back (4 unspent). A gives its 5 usable
+  // tokens back: accepted, they would sit in the bucket while B's lease
+  // still counts on the bucket being 5 emptier, and half a window later B's
+  // 4 and a full bucket would be spent at once: 14 in a moment.
+  const [a, b, c] = [await fleetLimiter(t, 'older-lease'), await fleetLimiter(t, 'older-lease'), await fleetLimiter(t, 'older-lease')]
+  const policy = leased('api', 10, 10, 10, 60_000)
+  const recorder = new Recorder()
+  t.match(await recorder.consume(a, 'c', policy), { allowed: true, remaining: 9 }, 'A takes the batch')
+  await sleep(500)
+  t.match(await recorder.consume(b, 'c', policy), { allowed: true, source: 'store' }, 'B takes what came back')
+  await a.close()
+  await sleep(500)
+  for (let i = 0; i < 4; i++) await recorder.consume(b, 'c', policy)
+  for (let i = 0; i < 10; i++) await recorder.consume(c, 'c', policy)
+  recorder.check(t, 10, 10, 'A, B and C on one bucket')
+})
+
+t.test('windows: four limiters leasing from one bucket under random traffic', async (t) => {
+  const CAPACITY = 30
+  const RATE = 100
+  const random = randomSource(20_240_601)
+  const servers = await Promise.all(Array.from({ length: 4 }, () => fleetLimiter(t, 'random-fleet')))
+  const policy = leased('shared', CAPACITY, RATE, 8, 2000)
+  // The same requests on a bucket without leases, for the under-admission.
+  const exact: Policy = { bucket: 'exact', capacity: CAPACITY, refillPerSecond: RATE, failureMode: 'closed' }
+  const recorder = new Recorder()
+  const control = new Recorder()
+  // Bursts from random servers, with pauses of 0 to 1.3 windows between
+  // them: leases are taken in a burst and kept through the pause.
+  for (let burst = 0; burst < 12; burst++) {
+    await sleep(random() * 400)
+    const size = 5 + Math.floor(random() * 40)
+    await Promise.all(Array.from({ length: size }, async () => {
+      await yieldToLoop()
+      const server = servers[Math.floor(random() * servers.length)] as Limiter
+      const cost = random() < 0.8 ? 1 : 2
+      await Promise.all([recorder.consume(server, 'fleet', policy, cost), control.consume(server, 'fleet', exact, cost)])
+    }))
+  }
+  t.notOk(recorder.sources['fail-closed'], 'no store failure')
+  recorder.check(t, CAPACITY, RATE, '4 limiters, capacity 30, 100/s, leases of 8')
+  control.check(t, CAPACITY, RATE, 'the same requests without leases')
+  const tokens = (r: Recorder): number => r.admissions.reduce((sum, a) => sum + a.cost, 0)
+  const share = tokens(recorder) / tokens(control)
+  t.comment(`under-admission: leases admit ${tokens(recorder)} tokens, the exact bucket ${tokens(control)} (${(share * 100).toFixed(0)}%)`)
+  t.ok(share >= 0.6, `leases admit at least 60% of what the exact bucket admits (${(share * 100).toFixed(0)}%)`)
+})
+
+t.test('concurrent misses share one lease call: 100 at once on a bucket of 100', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const policy = leased('api', 100, NO_REFILL, 10, 60_000)
+  const before = await scriptCalls(admin)
+  const decisions = await Promise.all(Array.from({ length: 100 }, () => limiter.consume('c', policy)))
+  const calls = await scriptCalls(admin) - before
+  const allowed = decisions.filter((d) => d.allowed).length
+  const retry = Math.max(...decisions.map((d) => d.retryAfterMs))
+  t.comment(`${allowed} allowed, ${100 - allowed} denied (longest Retry-After ${retry} ms), ${calls} Redis calls`)
+  t.equal(allowed, 100, 'all 100 allowed: the bucket holds 100')
+  t.ok(calls <= 3, `${calls} Redis calls: one, then one sized to the requests that waited for it`)
+})
+
+t.test('a request waiting for a lease call keeps its own deadline (frozen Redis)', async (t) => {
+  const TIMEOUT_MS = 50
+  // Scheduling noise on a loaded 2-core machine, as in failure-modes.test.ts.
+  const TOLERANCE_MS = 300
+  const frozen = await startRedisServer()
+  t.teardown(() => frozen.stop())
+  const redis = new Redis(frozen.url, { lazyConnect: true })
+  redis.on('error', () => {})
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  // A high breaker threshold: every request here meets the deadline, not the breaker.
+  const limiter = createLimiter({ redis, prefix: 'frozen', timeout: TIMEOUT_MS, breaker: { failures: 1000, cooldownMs: 1000 } })
+  const policy: Policy = { ...leased('api', 100, NO_REFILL, 10, 60_000), failureMode: 'open' }
+  t.equal((await limiter.consume('c', { ...policy, timeout: 2000 })).source, 'store', 'warm: the script is loaded')
+  t.equal((await limiter.consume('d', { ...policy, timeout: 2000 })).source, 'store')
+  frozen.pause()
+  t.teardown(() => frozen.resume())
+  // One request every 10 ms for 300 ms: most arrive while a call is in
+  // flight, and each must follow its failure mode within its own deadline.
+  const waits: number[] = []
+  const sources: Record<string, number> = {}
+  await Promise.all(Array.from({ length: 30 }, async (_, i) => {
+    await sleep(i * 10)
+    const arrived = performance.now()
+    const decision = await limiter.consume(i % 2 === 0 ? 'c' : 'd', { ...policy, cost: 20 })
+    waits.push(performance.now() - arrived)
+    sources[decision.source] = (sources[decision.source] ?? 0) + 1
+  }))
+  frozen.resume()
+  const longest = Math.max(...waits)
+  t.comment(`30 requests on a frozen Redis, deadline ${TIMEOUT_MS} ms: sources ${JSON.stringify(sources)}, longest wait ${longest.toFixed(1)} ms`)
+  t.same(sources, { 'fail-open': 30 }, 'every request follows its failure mode')
+  t.ok(longest <= TIMEOUT_MS + TOLERANCE_MS, `no request waits much longer than its deadline: ${longest.toFixed(1)} ms <= ${TIMEOUT_MS} + ${TOLERANCE_MS}`)
+  await limiter.close()
+})
+
+t.test('close() gives back the tokens of a lease call still in flight', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'close-flight', timeout: 2000 })
+  const policy = leased('api', 100, NO_REFILL, 50, 60_000)
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  proxy.delayMs = 200
+  const pending = limiter.consume('c', policy)
+  // Waits for that call; the 49 it brings cannot pay 60.
+  const big = limiter.consume('c', policy, 60)
+  await sleep(50)
+  await limiter.close()
+  const decision = await pending
+  proxy.delayMs = 0
+  t.match(decision, { allowed: true, source: 'store' }, 'the request in flight is decided by Redis')
+  t.match(await big, { allowed: false, source: 'fail-closed' }, 'a request still waiting when the call lands during close() gets no new call: its failure mode')
+  const left = await bucketTokens('close-flight:{c}:api', 100, NO_REFILL)
+  near(t, left, 99, 1e-5, 'after close(): only the request\'s own token is out of the bucket')
+})
+
+t.test('a batch that lands after its request left is kept for the next requests', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'left', timeout: 2000 })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { ...leased('api', 100, NO_REFILL, 10, 60_000), failureMode: 'open', timeout: 1000 }
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  // Replies take 600 ms. A takes a batch of 10; B (cost 20, deadline
+  // 1000 ms) waits for that call, then sends the next one at about 600 ms,
+  // which lands at about 1200 ms: after B's own deadline, within the
+  // call's (1000 ms from when it was sent).
+  proxy.delayMs = 600
+  const a = limiter.consume('c', policy)
+  const b = limiter.consume('c', policy, 20)
+  t.match(await a, { allowed: true, source: 'store' })
+  t.match(await b, { allowed: true, source: 'fail-open' }, 'B followed its failure mode at its own deadline')
+  await sleep(600)
+  proxy.delayMs = 0
+  near(t, await bucketTokens('left:{c}:api', 100, NO_REFILL), 79, 1e-5, 'B\'s call gave the 9 of A\'s batch back and took 20')
+  t.match(await limiter.consume('c', policy, 20), { allowed: true, source: 'cache' }, 'the 20 nobody spent pay the next request')
+})
+
+t.test('a lease reply after its deadline is given back', async (t) => {
+  const proxy = await startProxy(server.url)
+  t.teardown(() => proxy.close())
+  const redis = new Redis(proxy.url, { lazyConnect: true })
+  await redis.connect()
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: 'late', timeout: 2000 })
+  t.teardown(() => limiter.close())
+  const policy = leased('api', 100, NO_REFILL, 50, 60_000)
+  t.equal((await limiter.consume('warm', policy)).source, 'store', 'warm: the script is loaded')
+  proxy.delayMs = 300
+  const decision = await limiter.consume('c', { ...policy, timeout: 50, failureMode: 'open' })
+  t.equal(decision.source, 'fail-open', 'the reply is late: the request followed its failure mode')
+  // The script ran at once; its reply comes 300 ms later, then the give-back
+  // (another 300 ms for its own reply, which changes nothing in Redis).
+  let left = await bucketTokens('late:{c}:api', 100, NO_REFILL)
+  near(t, left, 50, 1e-5, 'Redis took the batch of 50')
+  const until = performance.now() + 3000
+  while (left < 100 - 1e-5 && performance.now() < until) {
+    await sleep(50)
+    left = await bucketTokens('late:{c}:api', 100, NO_REFILL)
+  }
+  proxy.delayMs = 0
+  near(t, left, 100, 1e-5, 'all 50 come back: no request spent any of them')
 })

@@ -235,14 +235,20 @@ export interface LeaseScriptReply {
   remaining: number
   fullInUs: number
   waitUs: number
+  /** Tokens the bucket accepted back. */
+  given: number
 }
 
-/** One lease call: bucket shape, least and most to take, tokens given back first. */
+/**
+ * One lease call: bucket shape, least and most to take, tokens given back
+ * first, and the full-at time the giver's own call left (0: none).
+ */
 export interface LeaseCall extends Shape {
   key: string
   least: number
   most: number
   back: number
+  from?: number
 }
 
 /** lua/lease.lua (or the TOLLGATE_TEST_LEASE_LUA text) run directly. */
@@ -265,18 +271,18 @@ export class LeaseRunner {
 }
 
 function leaseArgs (call: LeaseCall): Array<string | number> {
-  return [call.capacity, call.refillPerSecond, call.least, call.most, call.back]
+  return [call.capacity, call.refillPerSecond, call.least, call.most, call.back, call.from ?? 0]
 }
 
 /** Checks the shape and element types of a lease reply; throws on anything unexpected. */
 function parseLeaseReply (reply: unknown): LeaseScriptReply {
-  if (!Array.isArray(reply) || reply.length !== 5) throw new Error(`unexpected lease reply ${JSON.stringify(reply)}`)
-  const [taken, nowUs, remaining, fullInUs, waitUs] = reply as unknown[]
-  if (typeof taken !== 'string' || typeof remaining !== 'string' || !Number.isSafeInteger(nowUs) ||
+  if (!Array.isArray(reply) || reply.length !== 6) throw new Error(`unexpected lease reply ${JSON.stringify(reply)}`)
+  const [taken, nowUs, remaining, fullInUs, waitUs, given] = reply as unknown[]
+  if (typeof taken !== 'string' || typeof remaining !== 'string' || typeof given !== 'string' || !Number.isSafeInteger(nowUs) ||
     !Number.isSafeInteger(fullInUs) || !Number.isSafeInteger(waitUs)) {
     throw new Error(`unexpected lease reply ${JSON.stringify(reply)}`)
   }
-  return { taken: Number(taken), nowUs: nowUs as number, remaining: Number(remaining), fullInUs: fullInUs as number, waitUs: waitUs as number }
+  return { taken: Number(taken), nowUs: nowUs as number, remaining: Number(remaining), fullInUs: fullInUs as number, waitUs: waitUs as number, given: Number(given) }
 }
 
 /**
