@@ -9,7 +9,7 @@ import {
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import type { Policy } from './types.js'
-import type { RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
+import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
 const START_WAIT_MS = 2000
@@ -58,11 +58,8 @@ interface RouteLimit {
   policyHeaders: PolicyHeaders
 }
 
-declare module 'fastify' {
-  interface FastifyRequest {
-    [kChecked]?: boolean
-  }
-}
+/** The request, with the guard against checking it twice (kept off Fastify's public types). */
+type Checked = FastifyRequest & { [kChecked]?: boolean }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
   const input: unknown = options
@@ -94,11 +91,14 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   }
 
   const merged = new WeakMap<object, Policy>()
-  function programmatic (policy: RoutePolicy & { bucket: string }): Policy {
+  function programmatic (policy: ProgrammaticPolicy): Policy {
     let core = merged.get(policy)
     if (core === undefined) {
       if (!isRecord(policy)) throw optionError('policy', policy, 'a policy object')
       if (typeof policy.cost === 'function') throw optionError('policy.cost', policy.cost, 'a number (pass a computed cost as the third argument)')
+      for (const name of ROUTE_WIDE) {
+        if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
+      }
       core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
       merged.set(policy, core)
     }
@@ -137,7 +137,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
 
 /** The per-route hook: identity, cost, one store decision, headers, 429 or 503. */
 function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
-  return async function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
+  return async function tollgateCheck (request: Checked, reply: FastifyReply): Promise<void> {
     if (request[kChecked] === true) return
     request[kChecked] = true
     if (limit.allow !== undefined) {
