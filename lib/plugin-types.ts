@@ -69,6 +69,11 @@ export interface TollgateOptions extends RoutePolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /**
+   * Configuration warnings (default all on): `proxy`, requests that came
+   * through a proxy Fastify does not trust. `false` silences every one.
+   */
+  warnings?: { proxy?: boolean | undefined } | false | undefined
 }
 
 /**

@@ -6,7 +6,7 @@ import { ipIdentity } from './keys.js'
 import { checkPolicy, createLimiter, kDecide, kWarm, type CoreLimiter } from './limiter.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
-  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
 } from './options.js'
 import type { Policy } from './types.js'
 import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
@@ -37,7 +37,8 @@ const PLUGIN_CHECKS = {
   prefix: keyPrefix,
   ipv6Subnet,
   breaker,
-  denialCache
+  denialCache,
+  warnings
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -62,12 +63,10 @@ interface RouteLimit {
 type Checked = FastifyRequest & { [kChecked]?: boolean }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
+  if (app.hasDecorator('tollgate')) throw alreadyRegistered()
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, PLUGIN_CHECKS, '')
-  if (options.failureMode === undefined) {
-    throw optionError('failureMode', undefined, "one of 'open', 'closed', 'local' (there is no default: choose per limit)")
-  }
+  checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
   const defaults = pick(options)
   checkDefaults(defaults, '')
 
@@ -88,7 +87,9 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     const started = Date.now()
     await waitReady(options.redis, START_WAIT_MS)
     if (options.redis.status === 'ready') await within(limiter[kWarm](), START_WAIT_MS - (Date.now() - started))
+    else app.log.warn({ status: options.redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
   }
+  const onIp = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(app)
 
   const merged = new WeakMap<object, Policy>()
   function programmatic (policy: ProgrammaticPolicy): Policy {
@@ -124,7 +125,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     if (route.method === 'HEAD') name = getRoutes.get(route.url) ?? name
     else if (name.startsWith('GET') || name.includes(',GET')) getRoutes.set(route.url, name)
     const limit = compileRoute(name, config, defaults)
-    const hook = routeHook(limit, limiter, subnet)
+    const hook = routeHook(limit, limiter, subnet, onIp)
     const where = (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as 'onRequest' | 'preHandler'
     const existing = route[where]
     route[where] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
@@ -136,7 +137,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
 }
 
 /** The per-route hook: identity, cost, one store decision, headers, 429 or 503. */
-function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
+function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number, onIp: ((request: FastifyRequest) => void) | undefined) {
   return async function tollgateCheck (request: Checked, reply: FastifyReply): Promise<void> {
     if (request[kChecked] === true) return
     request[kChecked] = true
@@ -148,6 +149,7 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
 
     let client: unknown
     if (limit.key === undefined) {
+      onIp?.(request)
       client = ipIdentity(request.ip, subnet)
     } else {
       client = run(limit, 'key', limit.key, request)
@@ -182,6 +184,29 @@ function routeHook (limit: RouteLimit, limiter: CoreLimiter, subnet: number) {
     setHeaders(reply, limit.headers, decision, limit.policyHeaders)
     if (!decision.allowed) throw new RateLimitedError(retrySeconds(decision.retryAfterMs))
   }
+}
+
+/**
+ * Without trustProxy, request.ip is the proxy's address: behind a proxy
+ * every client would share one bucket. Fastify defines `request.ips` only
+ * when it trusts proxies, so a forwarding header without it is the sign.
+ * Warns once per plugin instance, then costs nothing.
+ */
+function proxyWarning (app: FastifyInstance): (request: FastifyRequest) => void {
+  let armed = true
+  return (request) => {
+    if (!armed || request.ips !== undefined) return
+    const header = request.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : request.headers.forwarded !== undefined ? 'Forwarded' : undefined
+    if (header === undefined) return
+    armed = false
+    app.log.warn({ header, ip: request.ip }, `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
+  }
+}
+
+function alreadyRegistered (): Error {
+  const err = new Error('tollgate is already registered in this encapsulation context or in a parent of it: register it once, where its routes are (sibling contexts may each have their own); set per-route limits with config.rateLimit and other limits with app.tollgate')
+  Object.defineProperty(err, 'code', { value: 'TOLLGATE_ALREADY_REGISTERED', enumerable: true })
+  return err
 }
 
 /**
