@@ -135,6 +135,10 @@ t.test("@fastify/rate-limit's options point to the migration table; every bad op
 
   const typo = await caught(async () => await Fastify().register(tollgate, { failureMode: 'open', capcity: 1 } as never))
   t.match(typo.message, /did you mean `capacity`\?$/, 'a typo still gets its hint')
+
+  const getter = { failureMode: 'open', capacity: 0, get refillPerSecond (): number { throw new Error('boom') } } as const
+  const thrown = await caught(async () => await Fastify().register(tollgate, getter))
+  t.equal(thrown.message, 'boom', 'an error that is not about an option is passed on as it is')
 })
 
 t.test('registered twice in one context, or again in a child: a clear error', async (t) => {
