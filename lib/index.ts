@@ -1,12 +1,40 @@
+import type { RouteGenericInterface } from 'fastify'
 import plugin from './plugin.js'
+import { createLimiter as createCoreLimiter } from './limiter.js'
+import type { RouteRateLimit } from './plugin-types.js'
+import type { Limiter, LimiterOptions } from './types.js'
 
 export default plugin
 export { plugin as tollgate }
-export { createLimiter, decisionChannel } from './limiter.js'
+export { decisionChannel } from './limiter.js'
 export { stateChannel, breakerChannel } from './guard.js'
 export { RateLimitedError, UnavailableError, BadRequestInputError, StoreError } from './errors.js'
-export { SCRIPT_COMMAND } from './redis-store.js'
-export type { RoutePolicy, TollgateOptions, TollgateDecorator } from './plugin-types.js'
 export type {
-  BreakerOptions, Decision, DecisionSource, FailureMode, Limiter, LimiterOptions, LocalPolicy, Logger, Policy, RedisClient
+  CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
+} from './plugin-types.js'
+export type {
+  BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, Limiter,
+  LimiterOptions, LocalPolicy, Logger, Policy, RedisClient, StoreStateMessage
 } from './types.js'
+
+/**
+ * The framework-free limiter: token buckets in Redis (or, without `redis`,
+ * in this process), with each policy's failure mode applied when the store
+ * fails or misses its deadline.
+ */
+export function createLimiter (options?: LimiterOptions): Limiter {
+  return createCoreLimiter(options)
+}
+
+/**
+ * Returns its argument unchanged, typed as a route's `config.rateLimit`:
+ * unknown or mistyped fields are compile errors, which Fastify's route
+ * shorthands cannot report on a bare literal. The type parameter gives
+ * `key`, `cost` and `allow` the route's request type:
+ * `routePolicy<{ Params: { id: string } }>({ key: (request) => request.params.id })`.
+ */
+export function routePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> (
+  policy: RouteRateLimit<RouteGeneric>
+): RouteRateLimit {
+  return policy
+}

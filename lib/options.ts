@@ -81,26 +81,86 @@ export function cost (value: unknown, name: string): void {
   positiveNumber(value, name)
 }
 
-/** Checks an object's known fields with their checks; unknown names are errors with a hint. */
-export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string): void {
+/**
+ * Options of @fastify/rate-limit, the likeliest unknown names: what to use
+ * instead (the README's "Migrating from @fastify/rate-limit" has the table).
+ */
+const MIGRATION: Readonly<Record<string, string>> = {
+  max: '`capacity` (the burst) and `refillPerSecond` (max / seconds of the window)',
+  timeWindow: '`refillPerSecond` (max / seconds of the window)',
+  keyGenerator: '`key`',
+  allowList: '`allow`, a function (request) => boolean',
+  skipOnError: "`failureMode` ('open', 'closed' or 'local')",
+  nameSpace: '`prefix`',
+  groupId: '`bucket`',
+  addHeaders: '`headers`',
+  addHeadersOnExceeding: '`headers`',
+  enableDraftSpec: "`headers: 'draft-6'` or `'draft-10'`",
+  errorResponseBuilder: "Fastify's setErrorHandler (the error's code is TOLLGATE_RATE_LIMITED)",
+  store: '`redis`, or nothing for the in-process store',
+  cache: 'nothing (tollgate caps its in-process maps itself)',
+  continueExceeding: 'nothing (a denied request spends no token)',
+  ban: 'nothing',
+  onBanReach: 'nothing',
+  onExceeding: "the 'tollgate:decision' diagnostics channel",
+  onExceeded: "the 'tollgate:decision' diagnostics channel",
+  exponentialBackoff: 'nothing'
+}
+
+function unknownOption (name: string, known: readonly string[], where: string): TypeError {
+  const migration = MIGRATION[name]
+  const hint = migration === undefined ? closest(name, known) : undefined
+  const advice = migration !== undefined
+    ? `: that is an option of @fastify/rate-limit; use ${migration} (see "Migrating from @fastify/rate-limit" in tollgate's README)`
+    : hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`
+  return codedTypeError(`tollgate: unknown option \`${where}${name}\`${advice}`)
+}
+
+function codedTypeError (message: string): TypeError {
+  const err = new TypeError(message)
+  Object.defineProperty(err, 'code', { value: 'TOLLGATE_INVALID_OPTION', enumerable: true })
+  return err
+}
+
+/** The option errors a check threw, flattened; anything else is rethrown. */
+function optionErrors (err: unknown): TypeError[] {
+  if (!(err instanceof TypeError) || (err as { code?: unknown }).code !== 'TOLLGATE_INVALID_OPTION') throw err
+  return (err as { errors?: TypeError[] }).errors ?? [err]
+}
+
+/**
+ * Checks an object's known fields with their checks, and that the `required`
+ * ones are set (each with what is expected). Every problem is reported at
+ * once: one error as it is, several as one TypeError listing them all (its
+ * `errors` holds each). Unknown names are errors with a hint.
+ */
+export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string, required: Record<string, string> = {}): void {
+  const errors: TypeError[] = []
   for (const name of Object.keys(input)) {
     const check = checks[name]
-    if (check === undefined) {
-      const hint = closest(name, Object.keys(checks))
-      const err = new TypeError(`tollgate: unknown option \`${where}${name}\`${hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`}`)
-      Object.defineProperty(err, 'code', { value: 'TOLLGATE_INVALID_OPTION', enumerable: true })
-      throw err
+    try {
+      if (check === undefined) throw unknownOption(name, Object.keys(checks), where)
+      const value = input[name]
+      if (value !== undefined) check(value, where + name)
+    } catch (err) {
+      errors.push(...optionErrors(err))
     }
-    const value = input[name]
-    if (value !== undefined) check(value, where + name)
+  }
+  for (const [name, expected] of Object.entries(required)) {
+    if (input[name] === undefined) errors.push(optionError(where + name, undefined, expected))
+  }
+  if (errors.length === 1) throw errors[0]
+  if (errors.length > 1) {
+    const err = codedTypeError(`tollgate: ${errors.length} invalid options:\n${errors.map((e) => `  - ${e.message.replace(/^tollgate: /, '')}`).join('\n')}`)
+    Object.defineProperty(err, 'errors', { value: errors, enumerable: false })
+    throw err
   }
 }
 
 export function localPolicy (value: unknown, name: string): asserts value is LocalPolicy {
   if (!isRecord(value)) throw optionError(name, value, 'an object { capacity, refillPerSecond }')
-  checkFields(value, { capacity: positiveNumber, refillPerSecond: positiveNumber }, name + '.')
-  if (value.capacity === undefined) throw optionError(name + '.capacity', undefined, 'a finite number > 0')
-  if (value.refillPerSecond === undefined) throw optionError(name + '.refillPerSecond', undefined, 'a finite number > 0')
+  const number = 'a finite number > 0'
+  checkFields(value, { capacity: positiveNumber, refillPerSecond: positiveNumber }, name + '.', { capacity: number, refillPerSecond: number })
 }
 
 export function breaker (value: unknown, name: string): asserts value is Partial<BreakerOptions> {
@@ -110,9 +170,14 @@ export function breaker (value: unknown, name: string): asserts value is Partial
 
 export function lease (value: unknown, name: string): void {
   if (!isRecord(value)) throw optionError(name, value, 'an object { tokens, maxAgeMs }')
-  checkFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.')
-  if (value.tokens === undefined) throw optionError(name + '.tokens', undefined, 'a finite number > 0')
-  if (value.maxAgeMs === undefined) throw optionError(name + '.maxAgeMs', undefined, 'a finite number > 0')
+  const number = 'a finite number > 0'
+  checkFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.', { tokens: number, maxAgeMs: number })
+}
+
+export function warnings (value: unknown, name: string): void {
+  if (value === false) return
+  if (!isRecord(value)) throw optionError(name, value, 'false or an object { proxy }')
+  checkFields(value, { proxy: isBoolean }, name + '.')
 }
 
 export function denialCache (value: unknown, name: string): void {

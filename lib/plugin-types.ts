@@ -1,75 +1,121 @@
-import type { FastifyRequest } from 'fastify'
-import type { CoreLimiter } from './limiter.js'
-import type { BreakerOptions, Decision, FailureMode, LocalPolicy, RedisClient } from './types.js'
+// Fastify infers a route's `config` type from the literal it is given, so
+// the `rateLimit` declared on FastifyContextConfig below catches a mistyped
+// field (`capacity: '5'`) but not an unknown one (`max: 5`), nor a value of
+// the wrong kind (`'yes'`, `true`): TypeScript cannot do better there. A
+// policy written through `routePolicy()` (or with `satisfies RoutePolicy`)
+// is checked in full, and the registration rejects at run time whatever the
+// types let through. The function options are declared as methods so that a
+// policy typed for a route's generics (`request.params`) still fits the
+// untyped route config.
+
+import type { FastifyRequest, RouteGenericInterface } from 'fastify'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
-export interface RoutePolicy {
+export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {
   /** Largest burst, in tokens. */
-  capacity?: number
+  capacity?: number | undefined
   /** Tokens added per second. */
-  refillPerSecond?: number
+  refillPerSecond?: number | undefined
   /** Tokens this request costs (default 1); a function may read the request. */
-  cost?: number | ((request: FastifyRequest) => number | Promise<number>)
+  cost?: number | CostFunction<RouteGeneric> | undefined
   /** What the limit does when the store fails or misses its deadline. */
-  failureMode?: FailureMode
+  failureMode?: FailureMode | undefined
   /** The in-process limit used by failureMode 'local'. */
-  local?: LocalPolicy
+  local?: LocalPolicy | undefined
   /** Client identity (default: the client's IP, IPv6 reduced to its subnet). */
-  key?: (request: FastifyRequest) => string | Promise<string>
+  key?(request: FastifyRequest<RouteGeneric>): string | Promise<string>
   /** Bucket name; routes naming the same bucket share it (default: method and route pattern). */
-  bucket?: string
+  bucket?: string | undefined
   /** Deadline for one store decision, ms (default 10). */
-  timeout?: number
+  timeout?: number | undefined
   /** Which rate-limit headers to send (default 'draft-6'). */
-  headers?: 'draft-6' | 'draft-10' | 'legacy' | false
+  headers?: 'draft-6' | 'draft-10' | 'legacy' | false | undefined
   /** Where the check runs (default 'onRequest'); 'preHandler' lets key and cost read the body. */
-  hook?: 'onRequest' | 'preHandler'
+  hook?: 'onRequest' | 'preHandler' | undefined
   /** Requests for which it returns true skip the limiter. */
-  allow?: (request: FastifyRequest) => boolean | Promise<boolean>
+  allow?(request: FastifyRequest<RouteGeneric>): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
-  lease?: { tokens: number, maxAgeMs: number }
+  lease?: { tokens: number, maxAgeMs: number } | undefined
 }
 
+/**
+ * A `cost` function: the tokens a request costs. Taken from a method so that
+ * its parameter is checked bivariantly, as `key` and `allow` are.
+ */
+export type CostFunction<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> = {
+  cost (request: FastifyRequest<RouteGeneric>): number | Promise<number>
+}['cost']
+
+/** What `config.rateLimit` of a route takes: one policy, several checked together, or false. */
+export type RouteRateLimit<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> =
+  | RoutePolicy<RouteGeneric>
+  | ReadonlyArray<RoutePolicy<RouteGeneric>>
+  | false
+
+/** The plugin's options. */
 export interface TollgateOptions extends RoutePolicy {
   /** Shared store, an ioredis Redis or Cluster; omitted, an in-process store. Never closed by the plugin. */
-  redis?: RedisClient
+  redis?: RedisClient | undefined
   /** Required: there is deliberately no default. */
   failureMode: FailureMode
   /** Limit every route (default true); false: only routes with config.rateLimit. */
-  global?: boolean
+  global?: boolean | undefined
   /** Redis key prefix (default 'tollgate'). */
-  prefix?: string
+  prefix?: string | undefined
   /** IPv6 clients are keyed by this prefix length (default 56). */
-  ipv6Subnet?: number
+  ipv6Subnet?: number | undefined
   /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */
-  breaker?: Partial<BreakerOptions>
+  breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
-  denialCache?: { maxKeys?: number } | false
+  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /**
+   * Configuration warnings (default all on): `proxy`, requests that came
+   * through a proxy Fastify does not trust. `false` silences every one.
+   */
   /**
    * 404s: true limits them with the plugin's options, a policy (or several)
    * over the plugin's options, false leaves them unlimited. One bucket per
    * client, named '404' unless the policy names one. Default: `global`.
    */
-  notFound?: boolean | RoutePolicy | readonly RoutePolicy[]
+  notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
+  warnings?: { proxy?: boolean | undefined } | false | undefined
+}
+
+/**
+ * A policy of `app.tollgate.consume` / `peek`: it names its bucket, is merged
+ * over the plugin's options, and takes a numeric cost only (pass a computed
+ * cost as the third argument). Route-only settings (`key`, `hook`,
+ * `headers`, `allow`) have no meaning here.
+ */
+export interface ProgrammaticPolicy {
+  bucket: string
+  capacity?: number | undefined
+  refillPerSecond?: number | undefined
+  cost?: number | undefined
+  failureMode?: FailureMode | undefined
+  local?: LocalPolicy | undefined
+  timeout?: number | undefined
+  lease?: { tokens: number, maxAgeMs: number } | undefined
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */
 export interface TollgateDecorator {
-  consume (clientKey: string, policy: RoutePolicy & { bucket: string }, cost?: number): Promise<Decision>
-  peek (clientKey: string, policy: RoutePolicy & { bucket: string }): Promise<Decision>
+  consume (clientKey: string, policy: ProgrammaticPolicy, cost?: number): Promise<Decision>
+  peek (clientKey: string, policy: ProgrammaticPolicy): Promise<Decision>
   reset (clientKey: string, bucket: string): Promise<void>
   /** The core limiter behind the plugin. */
-  readonly limiter: CoreLimiter
+  readonly limiter: Limiter
 }
 
 declare module 'fastify' {
   interface FastifyContextConfig {
     /** A policy over the plugin's defaults, several checked together, or false to opt out. */
-    rateLimit?: RoutePolicy | readonly RoutePolicy[] | false
+    rateLimit?: RouteRateLimit | undefined
   }
   interface FastifyRequest {
     /** The decision for this request; undefined when no limit applied. */
-    rateLimit?: Decision
+    rateLimit?: Decision | undefined
   }
   interface FastifyInstance {
     tollgate: TollgateDecorator

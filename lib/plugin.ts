@@ -33,10 +33,10 @@ import { ipIdentity } from './keys.js'
 import { checkPolicy, createLimiter, kDecide, kWarm, type CoreLimiter } from './limiter.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
-  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
 } from './options.js'
 import type { Policy } from './types.js'
-import type { RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
+import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
 /** On a route's config: `onRoute` saw the route, the gate has nothing to do. */
@@ -73,7 +73,8 @@ const PLUGIN_CHECKS = {
   ipv6Subnet,
   breaker,
   denialCache,
-  notFound: notFoundOption
+  notFound: notFoundOption,
+  warnings
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -97,23 +98,18 @@ interface RouteLimit {
   policyHeaders: PolicyHeaders
 }
 
-declare module 'fastify' {
-  interface FastifyRequest {
-    [kChecked]?: boolean
-  }
-}
+/** The request, with the guard against checking it twice (kept off Fastify's public types). */
+type Checked = FastifyRequest & { [kChecked]?: boolean }
 
-type Check = (limit: RouteLimit, request: FastifyRequest, reply: FastifyReply) => Promise<void>
+type Check = (limit: RouteLimit, request: Checked, reply: FastifyReply) => Promise<void>
 type GateRequest = FastifyRequest & { [kPending]?: RouteLimit }
 type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
+  if (app.hasDecorator('tollgate')) throw alreadyRegistered()
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, PLUGIN_CHECKS, '')
-  if (options.failureMode === undefined) {
-    throw optionError('failureMode', undefined, "one of 'open', 'closed', 'local' (there is no default: choose per limit)")
-  }
+  checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
   const defaults = pick(options)
   checkDefaults(defaults, '')
 
@@ -134,14 +130,19 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     const started = Date.now()
     await waitReady(options.redis, START_WAIT_MS)
     if (options.redis.status === 'ready') await within(limiter[kWarm](), START_WAIT_MS - (Date.now() - started))
+    else app.log.warn({ status: options.redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
   }
+  const onIp = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(app)
 
   const merged = new WeakMap<object, Policy>()
-  function programmatic (policy: RoutePolicy & { bucket: string }): Policy {
+  function programmatic (policy: ProgrammaticPolicy): Policy {
     let core = merged.get(policy)
     if (core === undefined) {
       if (!isRecord(policy)) throw optionError('policy', policy, 'a policy object')
       if (typeof policy.cost === 'function') throw optionError('policy.cost', policy.cost, 'a number (pass a computed cost as the third argument)')
+      for (const name of ROUTE_WIDE) {
+        if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
+      }
       core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
       merged.set(policy, core)
     }
@@ -157,7 +158,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
 
-  const check = checker(limiter, subnet, app)
+  const check = checker(limiter, subnet, app, onIp)
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -257,7 +258,7 @@ function routeHook (limit: RouteLimit, check: Check) {
 }
 
 /** The check: identity, cost, one store decision, headers, 429 or 503. */
-function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance): Check {
+function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance, onIp: ((request: FastifyRequest) => void) | undefined): Check {
   let warned = false
   function address (request: FastifyRequest): string {
     const ip: string | undefined = request.ip
@@ -280,6 +281,7 @@ function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance): C
 
     let client: unknown
     if (limit.key === undefined) {
+      onIp?.(request)
       client = address(request)
     } else {
       client = run(limit, 'key', limit.key, request)
@@ -314,6 +316,29 @@ function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance): C
     setHeaders(reply, limit.headers, decision, limit.policyHeaders)
     if (!decision.allowed) throw new RateLimitedError(retrySeconds(decision.retryAfterMs))
   }
+}
+
+/**
+ * Without trustProxy, request.ip is the proxy's address: behind a proxy
+ * every client would share one bucket. Fastify defines `request.ips` only
+ * when it trusts proxies, so a forwarding header without it is the sign.
+ * Warns once per plugin instance, then costs nothing.
+ */
+function proxyWarning (app: FastifyInstance): (request: FastifyRequest) => void {
+  let armed = true
+  return (request) => {
+    if (!armed || request.ips !== undefined) return
+    const header = request.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : request.headers.forwarded !== undefined ? 'Forwarded' : undefined
+    if (header === undefined) return
+    armed = false
+    app.log.warn({ header, ip: request.ip }, `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
+  }
+}
+
+function alreadyRegistered (): Error {
+  const err = new Error('tollgate is already registered in this encapsulation context or in a parent of it: register it once, where its routes are (sibling contexts may each have their own); set per-route limits with config.rateLimit and other limits with app.tollgate')
+  Object.defineProperty(err, 'code', { value: 'TOLLGATE_ALREADY_REGISTERED', enumerable: true })
+  return err
 }
 
 /**

@@ -3,7 +3,9 @@ import { readFileSync } from 'node:fs'
 import type { Cluster, Redis, Result } from 'ioredis'
 import { StoreError } from './errors.js'
 import { bucketState, type BucketSpec, type BucketState, type LeaseReply, type LeaseStore, type Store, type StoreReply } from './store.js'
-import type { RedisClient } from './types.js'
+import type { RedisClient as Client } from './types.js'
+
+type RedisClient = Redis | Cluster
 
 const LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.url), 'utf8')
 const LEASE_LUA = readFileSync(new URL('../lua/lease.lua', import.meta.url), 'utf8')
@@ -44,7 +46,8 @@ declare module 'ioredis' {
 export class RedisStore implements Store, LeaseStore {
   readonly #redis: RedisClient
 
-  constructor (redis: RedisClient) {
+  constructor (client: Client) {
+    const redis = client as RedisClient
     this.#redis = redis
     if (typeof redis[SCRIPT_COMMAND] !== 'function') redis.defineCommand(SCRIPT_COMMAND, { lua: LUA })
     if (typeof redis[LEASE_COMMAND] !== 'function') redis.defineCommand(LEASE_COMMAND, { lua: LEASE_LUA, numberOfKeys: 1 })

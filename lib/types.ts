@@ -1,4 +1,10 @@
-import type { Cluster, Redis } from 'ioredis'
+// The public types never import ioredis: it is an optional peer, and a
+// declaration file that imports a package which is not installed fails to
+// compile without skipLibCheck. RedisClient therefore names only the members
+// tollgate uses, which ioredis 5's and 6's Redis and Cluster both have
+// (test/types/ioredis-majors.ts checks it against both).
+
+import type { StoreError } from './errors.js'
 
 /** What a limit does when its store fails or misses its deadline. */
 export type FailureMode = 'open' | 'closed' | 'local'
@@ -37,18 +43,18 @@ export interface Policy {
   capacity: number
   refillPerSecond: number
   /** Tokens one call costs, default 1. */
-  cost?: number
+  cost?: number | undefined
   failureMode: FailureMode
   /** Required with failureMode 'local'. */
-  local?: LocalPolicy
+  local?: LocalPolicy | undefined
   /** Deadline for one store decision, ms (default: the limiter's). */
-  timeout?: number
+  timeout?: number | undefined
   /**
    * Opt-in token leases: take `tokens` at a time from the shared bucket and
    * spend them in this process; a batch is given back once older than
    * `maxAgeMs`. Single-policy checks only.
    */
-  lease?: { tokens: number, maxAgeMs: number }
+  lease?: { tokens: number, maxAgeMs: number } | undefined
 }
 
 /** Circuit breaker settings. */
@@ -59,7 +65,15 @@ export interface BreakerOptions {
   cooldownMs: number
 }
 
-export type RedisClient = Redis | Cluster
+/** An ioredis `Redis` or `Cluster` client, ioredis 5 or 6. tollgate never closes it. */
+export interface RedisClient {
+  readonly status: string
+  readonly isCluster: boolean
+  defineCommand (name: string, definition: { lua: string, numberOfKeys?: number }): void
+  connect (): Promise<void>
+  on (event: 'ready', listener: () => void): unknown
+  off (event: 'ready', listener: () => void): unknown
+}
 
 /** Minimal logger: pino's and Fastify's loggers fit. */
 export interface Logger {
@@ -70,18 +84,18 @@ export interface Logger {
 
 export interface LimiterOptions {
   /** Shared store; omitted, an in-process store (one process only). */
-  redis?: RedisClient
+  redis?: RedisClient | undefined
   /** Redis key prefix, default 'tollgate'. */
-  prefix?: string
+  prefix?: string | undefined
   /** Default deadline for one store decision, ms (default 10). */
-  timeout?: number
-  breaker?: Partial<BreakerOptions>
+  timeout?: number | undefined
+  breaker?: Partial<BreakerOptions> | undefined
   /**
    * Denies locally, without a store call, while a bucket that the store
    * denied cannot afford the cost yet (default on, 10 000 entries).
    */
-  denialCache?: { maxKeys?: number } | false
-  logger?: Logger
+  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  logger?: Logger | undefined
 }
 
 export interface Limiter {
@@ -93,3 +107,28 @@ export interface Limiter {
   /** 'healthy' while the store answers, 'failing' after a failure until a success. */
   readonly state: 'healthy' | 'failing'
 }
+
+/** A message of the `tollgate:decision` channel: one per decision. */
+export interface DecisionMessage {
+  /** The client identity before hashing: the IP, its IPv6 subnet, or what `key` returned. */
+  key: string
+  decision: Decision
+}
+
+/** Fallback decisions made while the store was failing, by source. */
+export interface FallbackCounts {
+  local: number
+  'fail-open': number
+  'fail-closed': number
+}
+
+/** A message of the `tollgate:store` channel: the store turned failing, or healthy again. */
+export type StoreStateMessage =
+  | { state: 'failing', error: StoreError }
+  | { state: 'healthy', downMs: number, decisions: FallbackCounts }
+
+/** A message of the `tollgate:breaker` channel. */
+export type BreakerMessage =
+  | { state: 'open', cooldownMs: number }
+  | { state: 'half-open' }
+  | { state: 'closed' }

@@ -372,11 +372,11 @@ t.test('one check per request', async (t) => {
     const same = Fastify()
     t.teardown(() => same.close())
     await same.register(tollgate, options)
-    await t.rejects(async () => { await same.register(tollgate, options) }, { code: 'FST_ERR_DEC_ALREADY_PRESENT' }, 'same scope')
+    await t.rejects(async () => { await same.register(tollgate, options) }, { code: 'TOLLGATE_ALREADY_REGISTERED' }, 'same scope')
     const nested = Fastify()
     t.teardown(() => nested.close())
     await nested.register(tollgate, options)
-    await t.rejects(async () => { await nested.register(async (child) => { await child.register(tollgate, options) }) }, { code: 'FST_ERR_DEC_ALREADY_PRESENT' }, 'child scope')
+    await t.rejects(async () => { await nested.register(async (child) => { await child.register(tollgate, options) }) }, { code: 'TOLLGATE_ALREADY_REGISTERED' }, 'child scope')
   })
 })
 

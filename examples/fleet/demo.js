@@ -9,7 +9,9 @@
 // fixed total rate, round-robin over all of them, on loopback only, for a
 // bounded time. Prints each second's admissions and denials per server and
 // in total against the limit, then a summary, and draws the run to an SVG
-// chart (examples/fleet/fleet.svg unless --svg says otherwise).
+// chart in the system's temp dir (fleet-<pid>.svg) unless --svg names the
+// file: the committed examples/fleet/fleet.svg changes only when asked
+// (--svg examples/fleet/fleet.svg).
 //
 // Redis: REDIS_URL when set, else a redis-server from PATH started on a free
 // port in a temp dir. With --cluster: REDIS_CLUSTER_NODES
@@ -24,7 +26,7 @@
 //   --refill   REFILL    tokens added per second (default 20)
 //   --rate     RATE      requests per second sent, in total (default 200)
 //   --cluster            use a Redis Cluster
-//   --svg      SVG       where to write the chart
+//   --svg      SVG       where to write the chart (default: a file in the temp dir)
 import { execFile, fork, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { accessSync, constants, rmSync } from 'node:fs'
@@ -86,7 +88,7 @@ const config = {
   refill: option('refill', 'REFILL', 20),
   rate: option('rate', 'RATE', 200, { max: 5000 }),
   cluster: flags.cluster,
-  svg: flags.svg ?? process.env.SVG ?? join(HERE, 'fleet.svg')
+  svg: flags.svg ?? process.env.SVG ?? join(tmpdir(), `tollgate-fleet-${process.pid}.svg`)
 }
 
 // ------------------------------------------------------------------ cleanup

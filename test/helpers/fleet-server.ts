@@ -13,10 +13,13 @@
 
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
-import tollgate, { SCRIPT_COMMAND, type RedisClient } from '../../lib/index.js'
+import tollgate from '../../lib/index.js'
+import { SCRIPT_COMMAND } from '../../lib/redis-store.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
 import { clockTrustingScript } from './naive.js'
+
+type RedisClient = Redis | Cluster
 
 const config = JSON.parse(process.env.TOLLGATE_FLEET ?? 'null') as FleetServerConfig | null
 if (config === null) throw new Error('TOLLGATE_FLEET is not set: start this file through test/helpers/fleet.ts')

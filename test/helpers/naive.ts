@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Redis } from 'ioredis'
-import { SCRIPT_COMMAND } from '../../lib/index.js'
+import { SCRIPT_COMMAND } from '../../lib/redis-store.js'
 
 export interface NaiveOptions {
   key: string

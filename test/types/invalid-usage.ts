@@ -5,7 +5,7 @@
 // and checks that exactly the marked lines fail. Never executed.
 
 import type { FastifyInstance } from 'fastify'
-import tollgate, { createLimiter, type RoutePolicy } from '../../lib/index.js'
+import tollgate, { createLimiter, routePolicy, type ProgrammaticPolicy, type RoutePolicy } from '../../lib/index.js'
 
 export async function invalidUsage (app: FastifyInstance): Promise<void> {
   await app.register(tollgate, {
@@ -80,6 +80,19 @@ export async function invalidUsage (app: FastifyInstance): Promise<void> {
   // @ts-expect-error unknown route option
   app.get('/f', { config: { rateLimit: { capacty: 5 } satisfies RoutePolicy } }, async () => 'x')
 
+  // @ts-expect-error routePolicy: an option of @fastify/rate-limit
+  app.get('/h', { config: { rateLimit: routePolicy({ max: 5 }) } }, async () => 'x')
+  // @ts-expect-error routePolicy: not a policy
+  app.get('/i', { config: { rateLimit: routePolicy('yes') } }, async () => 'x')
+  // @ts-expect-error routePolicy: true is not a policy (false opts out)
+  app.get('/j', { config: { rateLimit: routePolicy(true) } }, async () => 'x')
+  // @ts-expect-error routePolicy: capacity is a number
+  app.get('/k', { config: { rateLimit: routePolicy([{ capacity: '5' }]) } }, async () => 'x')
+  // @ts-expect-error routePolicy: the route's params have no `name`
+  app.get('/l/:id', { config: { rateLimit: routePolicy<{ Params: { id: string } }>({ key: (request) => request.params.name }) } }, async () => 'x')
+  // @ts-expect-error routePolicy: without generics, params are unknown
+  app.get('/m/:id', { config: { rateLimit: routePolicy({ key: (request) => request.params.id }) } }, async () => 'x')
+
   app.get('/g', async (request) => {
     // @ts-expect-error request.rateLimit is undefined when no limit applied
     return request.rateLimit.remaining
@@ -90,6 +103,17 @@ export async function invalidUsage (app: FastifyInstance): Promise<void> {
   await app.tollgate.consume('user:1', { bucket: 'login' }, '2')
   // @ts-expect-error the client key is a string
   await app.tollgate.peek(42, { bucket: 'login' })
+  // @ts-expect-error a programmatic cost is a number (the runtime refuses a function)
+  await app.tollgate.consume('user:1', { bucket: 'login', cost: () => 2 })
+  // @ts-expect-error key is a route setting: the client key is the first argument
+  await app.tollgate.consume('user:1', { bucket: 'login', key: () => 'x' })
+  // @ts-expect-error hook is a route setting
+  await app.tollgate.peek('user:1', { bucket: 'login', hook: 'preHandler' })
+  // @ts-expect-error a policy constant with a failure mode that does not exist
+  const retry = { bucket: 'login', failureMode: 'retry' } satisfies ProgrammaticPolicy
+  void retry
+  // @ts-expect-error the core limiter's internals are not public
+  void app.tollgate.limiter.warm
 
   // @ts-expect-error timeout is a number
   const limiter = createLimiter({ timeout: '10' })

@@ -2,15 +2,23 @@
 // every use of the public types below must compile with zero diagnostics.
 // It is never executed (it only exports a function).
 
+import diagnostics from 'node:diagnostics_channel'
 import Fastify, { type FastifyRequest } from 'fastify'
 import { Cluster, Redis } from 'ioredis'
+import { Cluster as Cluster6, Redis as Redis6 } from 'ioredis6'
 import tollgate, {
   createLimiter,
+  routePolicy,
+  type BreakerMessage,
   type Decision,
+  type DecisionMessage,
   type DecisionSource,
   type Limiter,
   type Policy,
+  type ProgrammaticPolicy,
+  type RedisClient,
   type RoutePolicy,
+  type StoreStateMessage,
   type TollgateOptions
 } from '../../lib/index.js'
 
@@ -83,6 +91,47 @@ export async function validUsage (): Promise<void> {
   const shared = { capacity: 3 } satisfies RoutePolicy
   app.get('/shared', { config: { rateLimit: shared } }, async () => 'x')
 
+  // routePolicy(): checked in full, and typed for the route's generics.
+  app.get('/helper', { config: { rateLimit: routePolicy({ capacity: 20, refillPerSecond: 2 }) } }, async () => 'x')
+  app.get('/helpers', { config: { rateLimit: routePolicy([{ capacity: 1 }, { capacity: 2, bucket: 'two' }]) } }, async () => 'x')
+  app.get<{ Params: { id: string } }>('/users/:id', {
+    config: {
+      rateLimit: routePolicy<{ Params: { id: string } }>({
+        key: (request) => request.params.id,
+        cost: (request) => request.params.id.length,
+        allow: (request) => request.params.id === 'admin'
+      })
+    }
+  }, async (request) => request.params.id)
+  const typed: RoutePolicy<{ Querystring: { units: string } }> = { cost: (request) => Number(request.query.units) }
+  app.get('/typed', { config: { rateLimit: routePolicy(typed) } }, async () => 'x')
+
+  // A programmatic policy in a constant keeps its literal types.
+  const loginLimit = { bucket: 'login', capacity: 5, refillPerSecond: 1 / 60, failureMode: 'closed' } satisfies ProgrammaticPolicy
+  await app.tollgate.consume('alice', loginLimit)
+  const exportLimit: Policy = { bucket: 'export', capacity: 10, refillPerSecond: 1 / 60, failureMode: 'closed' }
+
+  // Diagnostics messages.
+  diagnostics.subscribe('tollgate:decision', (message) => {
+    const { key, decision } = message as DecisionMessage
+    void key.length
+    void decision.allowed
+  })
+  diagnostics.subscribe('tollgate:store', (message) => {
+    const change = message as StoreStateMessage
+    if (change.state === 'failing') void change.error.code
+    else void change.decisions['fail-open']
+  })
+  diagnostics.subscribe('tollgate:breaker', (message) => {
+    const change = message as BreakerMessage
+    if (change.state === 'open') void change.cooldownMs
+  })
+
+  // Both ioredis majors fit the redis option.
+  const clients: RedisClient[] = [new Redis(), new Cluster([]), new Redis6(), new Cluster6([])]
+  await app.register(tollgate, { redis: new Redis6(), failureMode: 'open' })
+  void clients
+
   // The core, framework-free.
   const limiter = createLimiter({ redis: new Redis(), prefix: 'core', timeout: 10, breaker: { cooldownMs: 500 } })
   const inProcess: Limiter = createLimiter()
@@ -94,4 +143,5 @@ export async function validUsage (): Promise<void> {
   await inProcess.close()
   void one
   void many
+  void exportLimit
 }

@@ -1,0 +1,243 @@
+// The package as a user gets it: `npm pack` (its prepack build included) in
+// a copy of the checkout, then the tarball installed into a temporary project
+// with fastify@5 and the newest ioredis. There:
+// - the install prints no peer-dependency warning;
+// - the tarball holds a LICENSE, no source maps and no `prepare` script;
+// - every README code block and a file using the public API compile under
+//   strict, exactOptionalPropertyTypes and skipLibCheck false, and mistyped
+//   policies do not (each marked line fails, and only those);
+// - with ioredis removed, the published types still compile;
+// - CommonJS `require('tollgate')` works, and the plugin decides a request
+//   on a real Redis through the installed ioredis.
+// It needs the npm registry the first time; later runs install from the npm
+// cache (--prefer-offline). Timings of both are in the README's test section.
+
+import { execFile } from 'node:child_process'
+import { existsSync } from 'node:fs'
+import { cp, mkdir, mkdtemp, readFile, rename, rm, symlink, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { promisify } from 'node:util'
+import t from 'tap'
+import ts from 'typescript'
+import { PRELUDE, ROOT, STRICT_OPTIONS, readmeSnippets } from './helpers/readme.js'
+import { redisUrl } from './helpers/redis.js'
+
+const run = promisify(execFile)
+
+// npm pack with its build, an install, and three type-checks of Fastify's
+// and ioredis's types: tens of seconds on a loaded machine.
+t.setTimeout(240_000)
+
+const MARKER = '// @ts-expect-error'
+
+/** A strict user's use of the public API. */
+const USAGE = `import Fastify from 'fastify'
+import { Redis } from 'ioredis'
+import tollgate, { createLimiter, routePolicy, type Decision, type ProgrammaticPolicy, type RoutePolicy } from 'tollgate'
+
+const app = Fastify()
+const redis = new Redis('redis://127.0.0.1:6379', { lazyConnect: true })
+await app.register(tollgate, { redis, capacity: 10, refillPerSecond: 1, failureMode: 'open', timeout: undefined })
+app.get<{ Params: { id: string } }>('/users/:id', {
+  config: { rateLimit: routePolicy<{ Params: { id: string } }>({ key: (request) => request.params.id }) }
+}, async (request) => request.params.id)
+app.get('/a', { config: { rateLimit: { capacity: 5 } satisfies RoutePolicy } }, async () => 'a')
+const login = { bucket: 'login', capacity: 5, failureMode: 'closed' } satisfies ProgrammaticPolicy
+const decision: Decision = await app.tollgate.consume('alice', login)
+const limiter = createLimiter()
+await limiter.close()
+export { decision }
+`
+
+/** Mistakes the published types must refuse; each marked line is an error. */
+const MISTYPED = `import Fastify from 'fastify'
+import { Redis } from 'ioredis'
+import tollgate, { createLimiter, routePolicy, type Policy, type ProgrammaticPolicy } from 'tollgate'
+
+const app = Fastify()
+// @ts-expect-error an option of @fastify/rate-limit
+await app.register(tollgate, { max: 5, failureMode: 'open' })
+// @ts-expect-error failureMode is required
+await app.register(tollgate, { capacity: 5 })
+// @ts-expect-error an unknown route option, through routePolicy
+app.get('/a', { config: { rateLimit: routePolicy({ max: 5 }) } }, async () => 'a')
+// @ts-expect-error not a policy, through routePolicy
+app.get('/b', { config: { rateLimit: routePolicy('yes') } }, async () => 'b')
+// @ts-expect-error a mistyped field, even in a bare route config
+app.get('/c', { config: { rateLimit: { capacity: '5' } } }, async () => 'c')
+// @ts-expect-error the route's params have no \`name\`
+app.get('/d/:id', { config: { rateLimit: routePolicy<{ Params: { id: string } }>({ key: (request) => request.params.name }) } }, async () => 'd')
+// @ts-expect-error a programmatic policy takes no key (the client key is the first argument)
+await app.tollgate.consume('alice', { bucket: 'login', key: () => 'x' })
+// @ts-expect-error a programmatic cost is a number
+await app.tollgate.consume('alice', { bucket: 'login', cost: () => 2 })
+// @ts-expect-error not a failure mode
+const retry = { bucket: 'login', failureMode: 'retry' } satisfies ProgrammaticPolicy
+// @ts-expect-error a core policy needs its failureMode
+const partial: Policy = { bucket: 'b', capacity: 1, refillPerSecond: 1 }
+// @ts-expect-error nothing of tollgate's is declared on ioredis's client
+await new Redis().tollgate_anything()
+// @ts-expect-error nor on Fastify's request
+app.get('/e', async (request) => request[Symbol.for('tollgate.checked')] === true)
+// @ts-expect-error the core limiter's internals are not public
+void createLimiter().warm
+// @ts-expect-error timeout is a number
+createLimiter({ timeout: '10' })
+export { retry, partial }
+`
+
+/** The published types with ioredis not installed. */
+const WITHOUT_IOREDIS = `import Fastify from 'fastify'
+import tollgate, { createLimiter, type Decision, type RedisClient } from 'tollgate'
+
+const app = Fastify()
+await app.register(tollgate, { capacity: 10, refillPerSecond: 1, failureMode: 'open' })
+const limiter = createLimiter()
+const decision: Decision = await limiter.consume('k', { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' })
+const client: RedisClient | undefined = undefined
+export { decision, client }
+`
+
+/** Runs the packed plugin with the installed ioredis against a real Redis. */
+const SMOKE = `import Fastify from 'fastify'
+import { Redis } from 'ioredis'
+import tollgate from 'tollgate'
+
+const redis = new Redis(process.env.REDIS_URL)
+const app = Fastify()
+await app.register(tollgate, { redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed' })
+app.get('/', async (request) => request.rateLimit)
+const first = await app.inject('/')
+const second = await app.inject('/')
+console.log(JSON.stringify({ first: first.statusCode, source: first.json().source, second: second.statusCode }))
+await app.close()
+await redis.quit()
+`
+
+const CJS = `const tollgate = require('tollgate')
+if (typeof tollgate.default !== 'function' || typeof tollgate.createLimiter !== 'function' || typeof tollgate.routePolicy !== 'function') {
+  throw new Error('require(tollgate) lacks its exports: ' + Object.keys(tollgate).join(', '))
+}
+console.log('cjs ok')
+`
+
+interface Project { dir: string, newest: string, tarball: string, files: string[], installLog: string, seconds: { pack: number, install: number } }
+
+/** Packs a copy of the checkout (so the running suite's dist/ is left alone) and installs it. */
+async function setUp (base: string): Promise<Project> {
+  const stage = join(base, 'stage')
+  await mkdir(stage)
+  for (const entry of ['package.json', 'tsconfig.json', 'tsconfig.build.json', 'README.md', 'CHANGELOG.md', 'LICENSE', 'lib', 'lua']) {
+    if (existsSync(join(ROOT, entry))) await cp(join(ROOT, entry), join(stage, entry), { recursive: true })
+  }
+  await symlink(join(ROOT, 'node_modules'), join(stage, 'node_modules'), 'dir')
+  let started = Date.now()
+  const packed = await run('npm', ['pack', '--json', '--pack-destination', base], { cwd: stage, maxBuffer: 16 << 20 })
+  const pack = (Date.now() - started) / 1000
+  const [info] = JSON.parse(packed.stdout.slice(packed.stdout.indexOf('['))) as Array<{ filename: string, files: Array<{ path: string }> }>
+  if (info === undefined) throw new Error(`npm pack printed no result: ${packed.stdout}`)
+
+  const dir = join(base, 'consumer')
+  await mkdir(join(dir, 'src'), { recursive: true })
+  // The newest ioredis, pinned as a project that already has it would.
+  const newest = (await run('npm', ['view', 'ioredis', 'version', '--prefer-offline'], { cwd: dir })).stdout.trim()
+  await writeFile(join(dir, 'package.json'), JSON.stringify({
+    name: 'consumer',
+    private: true,
+    type: 'module',
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', ioredis: `^${newest}`, '@types/node': '^20' }
+  }, null, 2))
+  started = Date.now()
+  const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
+  const seconds = { pack, install: (Date.now() - started) / 1000 }
+  return { dir, newest, tarball: join(base, info.filename), files: info.files.map((f) => f.path), installLog: install.stdout + install.stderr, seconds }
+}
+
+/** Diagnostics of `files` (name -> text) compiled in the consumer project, by file. */
+function compile (dir: string, files: Record<string, string>): Map<string, ts.Diagnostic[]> {
+  const { options } = ts.convertCompilerOptionsFromJson(STRICT_OPTIONS, dir)
+  const texts = new Map(Object.entries(files).map(([name, text]) => [join(dir, 'src', name), text]))
+  const base = ts.createCompilerHost(options)
+  const host: ts.CompilerHost = {
+    ...base,
+    getCurrentDirectory: () => dir,
+    fileExists: (name) => texts.has(name) || base.fileExists(name),
+    getSourceFile: (name, version, onError, create) => {
+      const text = texts.get(name)
+      return text === undefined ? base.getSourceFile(name, version, onError, create) : ts.createSourceFile(name, text, version, true)
+    }
+  }
+  const program = ts.createProgram({ rootNames: [...texts.keys()], options, host })
+  const byFile = new Map<string, ts.Diagnostic[]>()
+  for (const d of ts.getPreEmitDiagnostics(program)) {
+    const file = d.file === undefined ? '(global)' : d.file.fileName
+    byFile.set(file, [...byFile.get(file) ?? [], d])
+  }
+  return byFile
+}
+
+function describe (d: ts.Diagnostic): string {
+  const text = ts.flattenDiagnosticMessageText(d.messageText, '\n')
+  if (d.file === undefined || d.start === undefined) return text
+  return `${d.file.fileName}:${d.file.getLineAndCharacterOfPosition(d.start).line + 1}: ${text}`
+}
+
+const all = (byFile: Map<string, ts.Diagnostic[]>): string[] => [...byFile.values()].flat().map(describe)
+
+const base = await mkdtemp(join(tmpdir(), 'tollgate-package-'))
+t.teardown(() => rm(base, { recursive: true, force: true }))
+const project = await setUp(base)
+t.comment(`npm pack (with its build): ${project.seconds.pack.toFixed(1)} s; npm install: ${project.seconds.install.toFixed(1)} s`)
+
+t.test('the tarball: a LICENSE, the built files, no source maps, no prepare script', async (t) => {
+  t.ok(project.files.includes('LICENSE'), 'LICENSE')
+  t.ok(project.files.includes('dist/index.js') && project.files.includes('dist/index.d.ts'), 'dist/index.js and .d.ts')
+  t.ok(project.files.includes('lua/token-bucket.lua'), 'the scripts')
+  t.same(project.files.filter((f) => f.endsWith('.map')), [], 'no source maps (they would point at lib/, which is not shipped)')
+  t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
+  const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
+  t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['fastify', 'ioredis'])
+})
+
+t.test('installs next to fastify@5 and the newest ioredis without a peer warning', async (t) => {
+  t.notMatch(project.installLog, /ERESOLVE|peer dep|conflicting peer|invalid peer/i, 'no peer warning', { log: project.installLog })
+  const ioredis = JSON.parse(await readFile(join(project.dir, 'node_modules', 'ioredis', 'package.json'), 'utf8')) as { version: string }
+  t.equal(ioredis.version, project.newest, `ioredis ${ioredis.version} installed, the newest`)
+})
+
+t.test('the README and the public API compile under strict settings; mistyped policies do not', async (t) => {
+  const snippets = Object.fromEntries(readmeSnippets().map((s) => [s.name, s.code]))
+  const disarmed = MISTYPED.split(MARKER).join('// (disarmed)')
+  const byFile = compile(project.dir, { 'readme-prelude.ts': PRELUDE, ...snippets, 'usage.ts': USAGE, 'mistyped.ts': MISTYPED, 'disarmed.ts': disarmed })
+  const disarmedFile = join(project.dir, 'src', 'disarmed.ts')
+  const failing = byFile.get(disarmedFile) ?? []
+  byFile.delete(disarmedFile)
+  t.same(all(byFile), [], 'README blocks, usage.ts, and mistyped.ts with its markers: no diagnostics')
+
+  const marked: number[] = []
+  MISTYPED.split('\n').forEach((line, i) => { if (line.startsWith(MARKER)) marked.push(i + 2) })
+  const lines = failing.map((d) => (d.file as ts.SourceFile).getLineAndCharacterOfPosition(d.start ?? 0).line + 1)
+  t.ok(marked.length >= 14, `${marked.length} mistakes`)
+  t.same([...new Set(lines)].sort((a, b) => a - b), marked, 'without the markers, exactly the marked lines fail')
+})
+
+t.test('without ioredis installed, the published types compile (skipLibCheck false)', async (t) => {
+  const ioredis = join(project.dir, 'node_modules', 'ioredis')
+  await rename(ioredis, `${ioredis}.hidden`)
+  try {
+    t.same(all(compile(project.dir, { 'core.ts': WITHOUT_IOREDIS })), [])
+  } finally {
+    await rename(`${ioredis}.hidden`, ioredis)
+  }
+})
+
+t.test('require() from CommonJS, and a request decided on Redis through the installed ioredis', async (t) => {
+  await writeFile(join(project.dir, 'cjs.cjs'), CJS)
+  t.equal((await run('node', ['cjs.cjs'], { cwd: project.dir })).stdout.trim(), 'cjs ok')
+  await writeFile(join(project.dir, 'smoke.mjs'), SMOKE)
+  const env = { ...process.env, REDIS_URL: await redisUrl(t), PREFIX: `package-${process.pid}-${Date.now()}` }
+  const { stdout } = await run('node', ['smoke.mjs'], { cwd: project.dir, env })
+  t.same(JSON.parse(stdout), { first: 200, source: 'store', second: 429 })
+})

@@ -1,0 +1,137 @@
+// The README's code, so it cannot drift from the code: every ts/js block is
+// compiled as its own module under a strict user's settings (strict,
+// exactOptionalPropertyTypes, noUncheckedIndexedAccess, skipLibCheck false)
+// with `tollgate` resolved to lib/, and the blocks marked as whole programs
+// are run against a real Redis and must exit by themselves. The markers are
+// described in test/helpers/readme.ts and in the README's test section.
+// test/package.test.ts compiles the same blocks against the packed package.
+
+import { fork } from 'node:child_process'
+import { mkdir, rm, writeFile } from 'node:fs/promises'
+import { join, relative } from 'node:path'
+import t from 'tap'
+import ts from 'typescript'
+import { PRELUDE, ROOT, STRICT_OPTIONS, readmeSnippets, type Snippet } from './helpers/readme.js'
+import { startRedisServer } from './helpers/redis.js'
+
+// Type-checking Fastify's and ioredis's types takes seconds on a busy machine.
+t.setTimeout(180_000)
+
+const RUN_TIMEOUT_MS = 20_000
+const DIR = join(ROOT, 'test', 'readme')
+const PRELUDE_FILE = join(DIR, 'readme-prelude.ts')
+
+function describe (d: ts.Diagnostic, snippets: Map<string, Snippet>): string {
+  const text = ts.flattenDiagnosticMessageText(d.messageText, '\n')
+  if (d.file === undefined || d.start === undefined) return text
+  const { line } = d.file.getLineAndCharacterOfPosition(d.start)
+  const snippet = snippets.get(d.file.fileName)
+  if (snippet === undefined) return `${relative(ROOT, d.file.fileName)}:${line + 1}: ${text}`
+  return `README.md:${snippet.line + 1 + line} (${snippet.section}): ${text}`
+}
+
+/** Diagnostics of the snippet files, compiled in memory next to the tests so packages resolve as in the repo. */
+function compileSnippets (snippets: readonly Snippet[]): string[] {
+  const converted = ts.convertCompilerOptionsFromJson(STRICT_OPTIONS, ROOT)
+  const options: ts.CompilerOptions = { ...converted.options, paths: { tollgate: [join(ROOT, 'lib', 'index.ts')] } }
+  const files = new Map<string, string>([[PRELUDE_FILE, PRELUDE]])
+  const byFile = new Map<string, Snippet>()
+  for (const snippet of snippets) {
+    const file = join(DIR, snippet.name)
+    files.set(file, snippet.code)
+    byFile.set(file, snippet)
+  }
+  const base = ts.createCompilerHost(options)
+  const host: ts.CompilerHost = {
+    ...base,
+    fileExists: (name) => files.has(name) || base.fileExists(name),
+    getSourceFile: (name, version, onError, create) => {
+      const text = files.get(name)
+      if (text !== undefined) return ts.createSourceFile(name, text, version, true)
+      return base.getSourceFile(name, version, onError, create)
+    }
+  }
+  const program = ts.createProgram({ rootNames: [...files.keys()], options, host })
+  // lib/ is compiled here as source under settings stricter than its own;
+  // only the snippets are under test (the packed .d.ts files are checked
+  // under these settings by test/package.test.ts).
+  return ts.getPreEmitDiagnostics(program)
+    .filter((d) => d.file === undefined || files.has(d.file.fileName))
+    .map((d) => describe(d, byFile))
+}
+
+/** Runs a whole-program snippet from source; resolves with its exit code and output. */
+async function runSnippet (snippet: Snippet, url: string): Promise<{ code: number | null, output: string }> {
+  const dir = join(ROOT, 'tmp', `readme-run-${process.pid}`)
+  await mkdir(dir, { recursive: true })
+  const file = join(dir, snippet.name)
+  const lib = relative(dir, join(ROOT, 'lib', 'index.js')).split('\\').join('/')
+  await writeFile(file, snippet.code.replace(/from 'tollgate'/g, `from '${lib}'`))
+  try {
+    return await new Promise((resolve) => {
+      const child = fork(file, { execArgv: process.execArgv, env: { ...process.env, REDIS_URL: url }, stdio: 'pipe' })
+      let output = ''
+      child.stdout?.on('data', (chunk: Buffer) => { output += chunk.toString() })
+      child.stderr?.on('data', (chunk: Buffer) => { output += chunk.toString() })
+      const timer = setTimeout(() => {
+        output += `\n(killed: still running after ${RUN_TIMEOUT_MS} ms)`
+        child.kill('SIGKILL')
+      }, RUN_TIMEOUT_MS)
+      child.on('exit', (code) => {
+        clearTimeout(timer)
+        resolve({ code, output })
+      })
+    })
+  } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
+}
+
+const snippets = readmeSnippets()
+
+t.test('the README has code to check', async (t) => {
+  t.ok(snippets.length >= 8, `${snippets.length} blocks`)
+  t.ok(snippets.some((s) => s.mode === 'run'), 'at least one whole program is run')
+})
+
+t.test('every ts/js block of the README compiles under strict settings', async (t) => {
+  t.same(compileSnippets(snippets), [])
+})
+
+t.test('a mistake in a block is reported with its README line', async (t) => {
+  const broken: Snippet = { line: 10, name: 'readme-10.ts', lang: 'ts', mode: 'compile', prints: [], section: 'Broken', code: "import tollgate from 'tollgate'\n\nawait app.register(tollgate, { failureMode: 'opne' })\nexport {}\n" }
+  const errors = compileSnippets([broken])
+  t.equal(errors.length, 1, 'one error', { errors })
+  t.match(errors[0], /^README\.md:13 \(Broken\): [\s\S]*"opne"/)
+})
+
+t.test('whole programs run against a real Redis and exit by themselves', async (t) => {
+  // A private server: a program that spends tokens finds them there on every run.
+  const server = await startRedisServer()
+  t.teardown(() => server.stop())
+  const url = server.url
+  for (const snippet of snippets.filter((s) => s.mode === 'run')) {
+    const { code, output } = await runSnippet(snippet, url)
+    t.equal(code, 0, `README.md:${snippet.line} (${snippet.section}) exits 0`, { output })
+    for (const text of snippet.prints) t.ok(output.includes(text), `its output contains ${JSON.stringify(text)}`, { output })
+  }
+})
+
+t.test('markers', async (t) => {
+  const text = [
+    '# A', '```ts', 'const a = 1', '```',
+    '<!-- snippet: skip -->', '```js', 'nonsense(', '```',
+    '## B', '<!-- snippet: run; prints: hello; prints: world -->', '', '```typescript', "console.log('hello')", '```',
+    '- item', '  ```js', '  const b = 2', '  ```',
+    '```sh', 'npm test', '```', '```', 'plain', '```'
+  ].join('\n')
+  const found = readmeSnippets(text)
+  t.same(found.map((s) => [s.line, s.lang, s.mode, s.prints, s.section]), [
+    [2, 'ts', 'compile', [], 'A'],
+    [12, 'ts', 'run', ['hello', 'world'], 'B'],
+    [16, 'js', 'compile', [], 'B']
+  ])
+  t.equal(found[2]?.code, 'const b = 2\nexport {}\n', 'indented blocks lose their indent')
+  t.throws(() => readmeSnippets('<!-- snippet: maybe -->\n```ts\nx\n```'), /unknown snippet marker "maybe"/)
+  t.throws(() => readmeSnippets('```ts\nx\n'), /unclosed code block/)
+})
