@@ -13,10 +13,10 @@
 
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
-import tollgate, { SCRIPT_COMMAND, type RedisClient } from '../../lib/index.js'
+import tollgate, { type RedisClient } from '../../lib/index.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
-import { clockTrustingScript } from './naive.js'
+import { trustAppClock } from './naive.js'
 
 const config = JSON.parse(process.env.TOLLGATE_FLEET ?? 'null') as FleetServerConfig | null
 if (config === null) throw new Error('TOLLGATE_FLEET is not set: start this file through test/helpers/fleet.ts')
@@ -45,19 +45,6 @@ function shiftClock (ms: number): void {
   performance.now = () => realPerf() + ms
 }
 
-/**
- * The script variant that takes `now` from this process (see naive.ts),
- * installed under tollgate's command name. Works on Redis and Cluster alike:
- * EVALSHA/EVAL are routed by their first key.
- */
-function trustAppClock (redis: RedisClient): void {
-  const variant = clockTrustingScript(LUA)
-  redis[SCRIPT_COMMAND] = async (...args: Array<string | number>): Promise<Array<string | number>> => {
-    const [numKeys = 0, ...rest] = args
-    return await redis.eval(variant, numKeys, ...rest, Date.now() * 1000) as Array<string | number>
-  }
-}
-
 const app = Fastify()
 const clients: RedisClient[] = []
 for (const [label, store] of Object.entries(config.stores)) {
@@ -65,7 +52,7 @@ for (const [label, store] of Object.entries(config.stores)) {
     ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
     : new Cluster(store.cluster, store.clusterOptions ?? {})
   redis.on('error', () => {})
-  if (store.trustAppClock === true) trustAppClock(redis)
+  if (store.trustAppClock === true) trustAppClock(redis, LUA)
   clients.push(redis)
   await app.register(async (scope) => {
     await scope.register(tollgate, {
