@@ -60,6 +60,16 @@ const scenarios: Scenario[] = [
       { capacity: 10, refillPerSecond: 70 / 3, costs: [1, 0.5, 3] }
     ],
     maxSleepMs: 30
+  },
+  {
+    // A cost equal to the capacity, exactly affordable when full, and a
+    // rate whose cost * (1e6 / rate) and cost * 1e6 / rate differ (7 at 7/s).
+    name: 'two buckets, costs up to the capacity',
+    buckets: [
+      { capacity: 1, refillPerSecond: 60, costs: [1] },
+      { capacity: 7, refillPerSecond: 7, costs: [0.01, 0.05, 7] }
+    ],
+    maxSleepMs: 40
   }
 ]
 

@@ -198,6 +198,11 @@ t.test('a full bucket pays a cost equal to its capacity, whatever the rate', asy
       // Empty, less up to 1 us of refill: the full-at time is rounded up.
       between(t, tokens(value, s), -microOf(s), 0, EPS, 'and empties it')
     }
+    // The same next to a second bucket: the path of several policies.
+    const tag = uniqueTag('whole')
+    const pair = [spec(`test:${tag}:a`, capacity, rate, capacity), spec(`test:${tag}:b`, 10, 10, 1)]
+    t.same(await script.run(pair, true), [Math.ceil(capacity * 1e6 / rate), 100_000],
+      `capacity ${capacity}, ${rate}/s, with a second policy: allowed, full again after the whole interval`)
   }
 })
 
@@ -306,15 +311,23 @@ t.test('several buckets: all or nothing; peek writes nothing', async (t) => {
 t.test('the stored value is one integer: the microsecond the bucket is full again', async (t) => {
   // Rates whose token interval is not a whole number of microseconds, and a
   // fractional cost, so a float could leak into the value if it were not rounded.
-  for (const [rate, cost] of [[10, 1], [0.3, 2.5], [7, 1], [30 / 7, 1.5]] as const) {
-    const key = uniqueKey('encoding')
-    const reply = await script.timed([spec(key, 100, rate, cost)], true)
-    const value = await redis.get(key)
-    t.match(value, /^[1-9][0-9]*$/, `${rate}/s, cost ${cost}: "${value}" is an integer string`)
-    t.equal(reply.values[0], Math.ceil(cost * 1e6 / rate), 'the reply: the cost\'s interval, rounded up to a whole microsecond')
-    between(t, Number(value) - (reply.values[0] ?? NaN), reply.beforeUs, reply.afterUs, 0, 'stored: the script\'s clock plus the reply')
-    t.equal(await redis.type(key), 'string')
-    t.equal(await redis.object('ENCODING', key), 'int', 'kept by Redis as an integer inside the object header')
+  // At 7/s a cost of 7 is worth cost * (1e6 / 7) = 1000000.0000000001 us, but
+  // the spend moves the full-at time by cost * 1e6 / 7 = 1000000 exactly,
+  // as lib's MemoryStore does: the two must not be mixed up.
+  for (const [rate, cost] of [[10, 1], [0.3, 2.5], [7, 1], [30 / 7, 1.5], [7, 7]] as const) {
+    for (const several of [false, true]) {
+      const tag = uniqueTag('encoding')
+      const key = `test:${tag}:a`
+      const buckets = several ? [spec(key, 100, rate, cost), spec(`test:${tag}:b`, 100, 10, 1)] : [spec(key, 100, rate, cost)]
+      const reply = await script.timed(buckets, true)
+      const value = await redis.get(key)
+      const what = `${rate}/s, cost ${cost}${several ? ', with a second policy' : ''}`
+      t.match(value, /^[1-9][0-9]*$/, `${what}: "${value}" is an integer string`)
+      t.equal(reply.values[0], Math.ceil(cost * 1e6 / rate), `${what}: the reply is the cost's interval, rounded up to a whole microsecond`)
+      between(t, Number(value) - (reply.values[0] ?? NaN), reply.beforeUs, reply.afterUs, 0, 'stored: the script\'s clock plus the reply')
+      t.equal(await redis.type(key), 'string')
+      t.equal(await redis.object('ENCODING', key), 'int', 'kept by Redis as an integer inside the object header')
+    }
   }
 })
 
@@ -389,6 +402,18 @@ t.test('a step back of Redis\'s clock costs at most one window, not the size of 
   for (const [k, w] of [[k1, windowMs], [k2, otherWindowMs]] as const) {
     const left = Number(await redis.get(k)) - await redisMicros(redis)
     t.ok(left <= w * 1000 + 1, `${k}: re-anchored at most one window ahead (${left} us)`)
+  }
+
+  // The script alone (or the TOLLGATE_TEST_LUA text), both of its paths: an
+  // empty bucket waits for its cost, 1 s, and a consume re-anchors the key.
+  const lone = spec(await stepBack('dave', 'api'), 10, 1, 1)
+  const pair = [spec(await stepBack('dave', 'x'), 10, 1, 1), spec(await stepBack('dave', 'y'), 10, 1, 1)]
+  t.same(await script.run([lone], false), [-1_000_000], 'script, one policy, peek: wait 1 s')
+  t.same(await script.run([lone], true), [-1_000_000], 'script, one policy, consume: wait 1 s')
+  t.same(await script.run(pair, true), [-1_000_000, -1_000_000], 'script, two policies, consume: wait 1 s each')
+  for (const s of [lone, ...pair]) {
+    const left = Number(await redis.get(s.key)) - await redisMicros(redis)
+    t.ok(left <= 10_000_000, `${s.key}: re-anchored at most one window ahead (${left} us)`)
   }
 
   // And the client really gets back in after the wait it was given: a
