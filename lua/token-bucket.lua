@@ -72,8 +72,14 @@
 -- something recently.
 --
 -- Speed: one policy, the common case, takes a path of its own (no loop, no
--- table); ARGV strings are converted by arithmetic, once each. Several
--- policies read all their keys with one MGET.
+-- table); strings (ARGV, the stored value) are converted by arithmetic,
+-- once each, without a call to tonumber, so a key holding anything but a
+-- number fails the call, like a key of the wrong type. Several policies
+-- read all their keys with one MGET. On the allowed path, x + (-x % 1) is
+-- math.ceil(x) for x >= 0 without a function call, and exact: Lua's
+-- -x % 1 is -x - floor(-x), computed exactly, so the sum is the integer
+-- ceil(x) itself (for 0 < x < 1, 1 - x rounds to within 2^-54 of itself
+-- and the sum rounds to 1).
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -81,7 +87,7 @@ local now = t[1] * 1000000 + t[2]
 if #KEYS == 1 then
   local key = KEYS[1]
   local window = ARGV[2] + 0
-  local busy = (tonumber(redis.call('GET', key)) or now) - now
+  local busy = (redis.call('GET', key) or now) - now
   if busy < 0 then
     busy = 0
   elseif busy > window then
@@ -95,8 +101,10 @@ if #KEYS == 1 then
     return -math.ceil(over)
   end
   if ARGV[1] == '1' then
-    busy = math.ceil(busy + ARGV[4])
-    redis.call('PSETEX', key, math.ceil(busy / 1000) + 1, now + busy)
+    busy = busy + ARGV[4]
+    busy = busy + (-busy % 1)
+    local ms = busy / 1000
+    redis.call('PSETEX', key, ms + (-ms % 1) + 1, now + busy)
   end
   return busy
 end
@@ -107,7 +115,7 @@ local allowed = true
 for i = 1, #KEYS do
   local a = 3 * i - 1
   local window = ARGV[a] + 0
-  local busy = (tonumber(held[i]) or now) - now
+  local busy = (held[i] or now) - now
   if busy < 0 then
     busy = 0
   elseif busy > window then
@@ -127,9 +135,11 @@ end
 
 if allowed and ARGV[1] == '1' then
   for i = 1, #KEYS do
-    local busy = math.ceil(out[i] + ARGV[3 * i + 1])
+    local busy = out[i] + ARGV[3 * i + 1]
+    busy = busy + (-busy % 1)
+    local ms = busy / 1000
     out[i] = busy
-    redis.call('PSETEX', KEYS[i], math.ceil(busy / 1000) + 1, now + busy)
+    redis.call('PSETEX', KEYS[i], ms + (-ms % 1) + 1, now + busy)
   end
 end
 
