@@ -513,3 +513,13 @@ t.test('the bounds: a window of exactly 2^52 us is accepted, one microsecond-ish
   between(t, Number(await redis.get(key)) - 2 ** 52, reply.beforeUs, reply.afterUs, 0, 'stored exactly: now + 2^52')
   await redis.del(key)
 })
+
+t.test('a key holding a string that is not a number fails the call, like a key of the wrong type', async (t) => {
+  const tag = uniqueTag('garbage')
+  const key = `test:${tag}:a`
+  await redis.set(key, 'tokens:5', 'PX', 60_000)
+  await t.rejects(script.run([spec(key, 10, 1)], true), /arithmetic on a string/, 'one policy')
+  await t.rejects(script.run([spec(key, 10, 1), spec(`test:${tag}:b`, 10, 1)], true), /arithmetic on a string/, 'several')
+  t.equal(await redis.get(key), 'tokens:5', 'and it is left as it was')
+  t.equal(await redis.exists(`test:${tag}:b`), 0, 'nothing else written')
+})
