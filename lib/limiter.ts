@@ -7,7 +7,7 @@ import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import {
   DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, deadlineMs, denialCache, lease, isRecord, keyPrefix,
-  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import { RedisStore } from './redis-store.js'
 import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
@@ -58,6 +58,7 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
     if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
   }
   const capacity = policy.capacity as number
+  storableBucket(capacity, policy.refillPerSecond as number, where)
   if (policy.cost !== undefined && (policy.cost as number) > capacity) {
     throw optionError(where + 'cost', policy.cost, `at most capacity (${capacity})`)
   }

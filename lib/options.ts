@@ -39,6 +39,37 @@ export function positiveInteger (value: unknown, name: string): void {
   }
 }
 
+/**
+ * Bounds of a bucket that lua/token-bucket.lua (and lua/lease.lua) can keep
+ * in Redis. The scripts work in microseconds: T = 1e6 / refillPerSecond
+ * per token, and the full-at time, Redis's clock (about 1.8e15 us today)
+ * plus up to capacity * T, is stored and passed to PSETEX as an integer,
+ * which must stay exact in a double (below 2^53) and be printed whole.
+ * With capacity * T at most 2^52 us, that holds until Redis's clock passes
+ * 2^52 us, in 2112. The spend, cost * 1e6 / refillPerSecond, needs
+ * capacity * 1e6 to be finite (cost <= capacity), and T must be finite.
+ */
+export const MAX_WINDOW_US = 2 ** 52
+/** The largest capacity whose capacity * 1e6 is a finite double. */
+export const MAX_CAPACITY = 1.7976931348623154e302
+/** The smallest refill whose 1e6 / refillPerSecond is a finite double. */
+export const MIN_REFILL = 5.562684646268004e-303
+
+/** Checks that a policy's bucket fits the Redis encoding (see MAX_WINDOW_US); capacity and refill are already positive numbers. */
+export function storableBucket (capacity: number, refillPerSecond: number, where: string): void {
+  if (capacity > MAX_CAPACITY) {
+    throw optionError(where + 'capacity', capacity, `at most ${MAX_CAPACITY} (capacity × 1e6 µs must be a finite number)`)
+  }
+  if (refillPerSecond < MIN_REFILL) {
+    throw optionError(where + 'refillPerSecond', refillPerSecond, `at least ${MIN_REFILL} (1e6 / refillPerSecond µs per token must be a finite number)`)
+  }
+  if (capacity * (1e6 / refillPerSecond) > MAX_WINDOW_US) {
+    throw optionError(where + 'refillPerSecond', refillPerSecond,
+      `at least capacity / ${MAX_WINDOW_US / 1e6} (${capacity / (MAX_WINDOW_US / 1e6)}): an empty bucket may take at most ` +
+      `2^52 µs (${MAX_WINDOW_US / 1e6} s, about 142 years) to fill, the most Redis can store exactly`)
+  }
+}
+
 export function oneOf (allowed: readonly unknown[]): Check {
   const text = allowed.map((v) => describe(v)).join(', ')
   return (value, name) => {

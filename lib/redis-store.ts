@@ -1,44 +1,58 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import type { Cluster, Redis, Result } from 'ioredis'
+import type { Cluster, Redis } from 'ioredis'
 import { StoreError } from './errors.js'
 import { bucketState, type BucketSpec, type BucketState, type LeaseReply, type LeaseStore, type Store, type StoreReply } from './store.js'
 import type { RedisClient as Client } from './types.js'
 
 type RedisClient = Redis | Cluster
 
-const LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.url), 'utf8')
-const LEASE_LUA = readFileSync(new URL('../lua/lease.lua', import.meta.url), 'utf8')
+// Why EVALSHA by hand rather than ioredis's defineCommand: the wrapper's
+// extra command class, callback adapter and per-socket bookkeeping cost
+// about a microsecond of app CPU per call, and it adds a method to the
+// user's client (and its type). Here the sha is computed once; a NOSCRIPT
+// answer (a script flush, a restart, a failover to a replica that never
+// ran the script, a new Cluster node) is answered by one EVAL of the
+// source, routed by its keys like the EVALSHA, which also loads the script
+// on that node. Only NOSCRIPT is retried: any other error is the call's.
 
-/**
- * Command name on the user's client: the package name plus the script's
- * hash, so two versions of tollgate (or another plugin) sharing one client
- * never overwrite each other's command.
- */
-export const SCRIPT_COMMAND = commandName(LUA)
-export const LEASE_COMMAND = commandName(LEASE_LUA)
-
-function commandName (lua: string): `tollgate_${string}` {
-  return `tollgate_${createHash('sha1').update(lua).digest('hex').slice(0, 12)}`
+/** A Lua script and its SHA-1, as EVALSHA names it. */
+export interface Script {
+  readonly lua: string
+  readonly sha: string
 }
+
+function script (file: string): Script {
+  const lua = readFileSync(new URL(`../lua/${file}`, import.meta.url), 'utf8')
+  return { lua, sha: createHash('sha1').update(lua).digest('hex') }
+}
+
+/** lua/token-bucket.lua. */
+export const TOKEN_BUCKET: Script = script('token-bucket.lua')
+/** lua/lease.lua. */
+export const LEASE: Script = script('lease.lua')
 
 function isCluster (redis: RedisClient): redis is Cluster {
   return redis.isCluster
 }
 
-type ScriptReply = Array<string | number>
-
-
-declare module 'ioredis' {
-  interface RedisCommander<Context> {
-    [command: `tollgate_${string}`]: (...args: Array<string | number>) => Result<ScriptReply, Context>
-  }
+function isNoScript (err: unknown): boolean {
+  return err instanceof Error && err.message.startsWith('NOSCRIPT')
 }
 
 /**
- * Buckets in Redis, decided by lua/token-bucket.lua. ioredis's
- * defineCommand does EVALSHA, falls back to EVAL on first use, and recovers
- * from NOSCRIPT after a script flush or a failover.
+ * Appends one bucket's arguments of lua/token-bucket.lua: its window, the
+ * need of its cost and how far spending moves its full-at time, in
+ * microseconds, computed exactly as lib/memory-store.ts computes them.
+ */
+export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec): void {
+  const step = 1e6 / spec.refillPerSecond
+  args.push(spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
+}
+
+/**
+ * Buckets in Redis, decided by lua/token-bucket.lua (leases by
+ * lua/lease.lua), each call one EVALSHA.
  *
  * A command is only sent while the client is connected: when it is not,
  * the call fails at once instead of waiting in the client's offline queue.
@@ -49,8 +63,16 @@ export class RedisStore implements Store, LeaseStore {
   constructor (client: Client) {
     const redis = client as RedisClient
     this.#redis = redis
-    if (typeof redis[SCRIPT_COMMAND] !== 'function') redis.defineCommand(SCRIPT_COMMAND, { lua: LUA })
-    if (typeof redis[LEASE_COMMAND] !== 'function') redis.defineCommand(LEASE_COMMAND, { lua: LEASE_LUA, numberOfKeys: 1 })
+  }
+
+  /** EVALSHA `script`; on NOSCRIPT, one EVAL of its source. `args` holds the keys, then the arguments. */
+  async #run (script: Script, numKeys: number, args: Array<string | number>): Promise<unknown> {
+    try {
+      return await this.#redis.evalsha(script.sha, numKeys, ...args)
+    } catch (err) {
+      if (!isNoScript(err)) throw err
+      return await this.#redis.eval(script.lua, numKeys, ...args)
+    }
   }
 
   #ready (): void {
@@ -64,12 +86,17 @@ export class RedisStore implements Store, LeaseStore {
     const args: Array<string | number> = []
     for (const spec of specs) args.push(spec.key)
     args.push(consume ? '1' : '0')
-    for (const spec of specs) args.push(spec.capacity, spec.refillPerSecond, spec.cost)
-    const reply = await this.#redis[SCRIPT_COMMAND]!(specs.length, ...args) as number[]
+    for (const spec of specs) pushBucketArgs(args, spec)
+    const reply = await this.#run(TOKEN_BUCKET, specs.length, args)
+    if (specs.length === 1) {
+      const value = reply as number
+      return { allowed: value >= 0, buckets: [bucketState(value, specs[0] as BucketSpec)] }
+    }
+    const values = reply as number[]
     const buckets: BucketState[] = []
     let allowed = true
     for (let i = 0; i < specs.length; i++) {
-      const value = reply[i] as number
+      const value = values[i] as number
       if (value < 0) allowed = false
       buckets.push(bucketState(value, specs[i] as BucketSpec))
     }
@@ -78,7 +105,7 @@ export class RedisStore implements Store, LeaseStore {
 
   async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
     this.#ready()
-    const reply = await this.#redis[LEASE_COMMAND]!(spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom)
+    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom]) as unknown[]
     return {
       taken: Number(reply[0]),
       nowUs: Number(reply[1]),
@@ -104,7 +131,7 @@ export class RedisStore implements Store, LeaseStore {
   async warm (): Promise<void> {
     const redis = this.#redis
     const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
-    await Promise.allSettled(nodes.flatMap((node) => [LUA, LEASE_LUA].map((lua) => node.script('LOAD', lua))))
+    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE].map((s) => node.script('LOAD', s.lua))))
   }
 
   async reset (key: string): Promise<void> {

@@ -4,7 +4,7 @@
 -- "full-at" time in microseconds of Redis's clock (GCRA's theoretical
 -- arrival time). With T = 1e6 / refillPerSecond microseconds per token, a
 -- bucket whose full-at time is F holds, at time now,
---     tokens = capacity - max(0, F - now) / T
+--     tokens = capacity - min(max(0, F - now), capacity * T) / T
 -- which is exactly the token count of a plain token bucket that refills
 -- continuously and is capped at capacity. Spending c tokens moves F to
 -- max(F, now) + c * T. A missing key, or F <= now, is a full bucket.
@@ -13,14 +13,41 @@
 -- microsecond. The new F is rounded up to a whole microsecond: each write
 -- can take away less than one microsecond of refill, never give any.
 --
--- KEYS[i]        bucket key of policy i; all keys share the client's hash tag,
---                so in Redis Cluster the whole call runs on one node
--- ARGV[1]        mode: '1' consume, '0' peek (decide, write nothing)
--- ARGV[3i-1]     capacity of policy i, tokens (> 0, may be fractional)
--- ARGV[3i]       refill of policy i, tokens per second (> 0)
--- ARGV[3i+1]     cost of policy i, tokens (> 0, <= capacity)
+-- Clock steps: F - now is read as at most capacity * T, an empty bucket.
+-- This script never writes F more than that (plus its rounding) ahead of
+-- its clock, so a larger gap means Redis's clock stepped back since the
+-- write (an NTP correction, a failover to a replica whose clock is behind):
+-- without the clamp, a step back of an hour would lock every client out
+-- for an hour. A consume also writes the clamped value back (F = now plus
+-- the window, rounded up), whatever it decides, so the bucket refills from
+-- there: a step back costs at most one window (capacity /
+-- refillPerSecond). A peek writes nothing; the next consume repairs. A
+-- step forward makes buckets full sooner, which admits at most one
+-- window's worth more.
 --
--- Returns one integer per policy, in KEYS order:
+-- The app sends the intervals of each bucket already in microseconds, as
+-- doubles in JavaScript's shortest exact notation, so the script reads back
+-- the very numbers the app computed (lib's MemoryStore computes the same
+-- expressions, so both round alike) and multiplies nothing:
+--
+-- KEYS[i]      bucket key of policy i; all keys share the client's hash tag,
+--              so in Redis Cluster the whole call runs on one node
+-- ARGV[1]      mode: '1' consume, '0' peek (decide, write nothing)
+-- ARGV[3i-1]   window of policy i: capacity * T, the microseconds an empty
+--              bucket takes to fill, with T = 1e6 / refillPerSecond
+-- ARGV[3i]     need of policy i: cost * T, the microseconds of refill its
+--              cost is worth (> 0, <= window)
+-- ARGV[3i+1]   move of policy i: cost * 1e6 / refillPerSecond, how far
+--              spending moves F (the need, rounded as lib has always
+--              rounded the spend)
+--
+-- Limits: lib accepts only policies whose window is at most 2^52 us
+-- (about 142 years), so until 2112 (when now passes 2^52 us) every F, now
+-- plus at most a window, is an integer below 2^53: exact in a double, and
+-- printed whole by Redis (%.17g) when passed to PSETEX.
+--
+-- Returns, for one policy, one integer; for several, one integer per
+-- policy, in KEYS order (an integer reply saves Redis building a table):
 --   >= 0   the bucket can afford its cost; the value is the microseconds
 --          until it is full again: after spending when every policy could
 --          afford its cost and the mode is consume, else as it is now
@@ -43,18 +70,61 @@
 -- them). A full bucket and a missing key are the same thing, so the expiry
 -- changes no decision, and Redis holds keys only for clients that spent
 -- something recently.
+--
+-- Speed: one policy, the common case, takes a path of its own (no loop, no
+-- table); strings (ARGV, the stored value) are converted by arithmetic,
+-- once each, without a call to tonumber, so a key holding anything but a
+-- number fails the call, like a key of the wrong type. Several policies
+-- read all their keys with one MGET. On the allowed path, x + (-x % 1) is
+-- math.ceil(x) for x >= 0 without a function call, and exact: Lua's
+-- -x % 1 is -x - floor(-x), computed exactly, so the sum is the integer
+-- ceil(x) itself (for 0 < x < 1, 1 - x rounds to within 2^-54 of itself
+-- and the sum rounds to 1).
 
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
+
+if #KEYS == 1 then
+  local key = KEYS[1]
+  local window = ARGV[2] + 0
+  local busy = (redis.call('GET', key) or now) - now
+  if busy < 0 then
+    busy = 0
+  elseif busy > window then
+    busy = window
+    if ARGV[1] == '1' then
+      redis.call('PSETEX', key, math.ceil(busy / 1000) + 1, now + math.ceil(busy))
+    end
+  end
+  local over = busy + ARGV[3] - window
+  if over > 0 then
+    return -math.ceil(over)
+  end
+  if ARGV[1] == '1' then
+    busy = busy + ARGV[4]
+    busy = busy + (-busy % 1)
+    local ms = busy / 1000
+    redis.call('PSETEX', key, ms + (-ms % 1) + 1, now + busy)
+  end
+  return busy
+end
+
+local held = redis.call('MGET', unpack(KEYS))
 local out = {}
 local allowed = true
-
 for i = 1, #KEYS do
   local a = 3 * i - 1
-  local step = 1000000 / ARGV[a + 1]
-  local busy = (tonumber(redis.call('GET', KEYS[i])) or now) - now
-  if busy < 0 then busy = 0 end
-  local over = busy + ARGV[a + 2] * step - ARGV[a] * step
+  local window = ARGV[a] + 0
+  local busy = (held[i] or now) - now
+  if busy < 0 then
+    busy = 0
+  elseif busy > window then
+    busy = window
+    if ARGV[1] == '1' then
+      redis.call('PSETEX', KEYS[i], math.ceil(busy / 1000) + 1, now + math.ceil(busy))
+    end
+  end
+  local over = busy + ARGV[a + 1] - window
   if over > 0 then
     allowed = false
     out[i] = -math.ceil(over)
@@ -65,10 +135,11 @@ end
 
 if allowed and ARGV[1] == '1' then
   for i = 1, #KEYS do
-    local a = 3 * i - 1
-    local busy = math.ceil(out[i] + ARGV[a + 2] * 1000000 / ARGV[a + 1])
+    local busy = out[i] + ARGV[3 * i + 1]
+    busy = busy + (-busy % 1)
+    local ms = busy / 1000
     out[i] = busy
-    redis.call('PSETEX', KEYS[i], math.ceil(busy / 1000) + 1, now + busy)
+    redis.call('PSETEX', KEYS[i], ms + (-ms % 1) + 1, now + busy)
   end
 end
 

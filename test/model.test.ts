@@ -17,7 +17,7 @@ import { Redis } from 'ioredis'
 import t from 'tap'
 import { MemoryStore } from '../lib/memory-store.js'
 import { bucketState, type BucketState } from '../lib/store.js'
-import { ClockedScriptRunner, LUA, ReferenceBucket, randomSource, uniqueTag, withClock, type Shape, type ScriptSpec } from './helpers/model.js'
+import { ClockedScriptRunner, LUA, ReferenceBucket, ScriptRunner, randomSource, uniqueTag, withClock, type Shape, type ScriptSpec } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
 
 const seed = process.env.TOLLGATE_SEED === undefined ? randomInt(2 ** 31) : Number(process.env.TOLLGATE_SEED)
@@ -60,6 +60,16 @@ const scenarios: Scenario[] = [
       { capacity: 10, refillPerSecond: 70 / 3, costs: [1, 0.5, 3] }
     ],
     maxSleepMs: 30
+  },
+  {
+    // A cost equal to the capacity, exactly affordable when full, and a
+    // rate whose cost * (1e6 / rate) and cost * 1e6 / rate differ (7 at 7/s).
+    name: 'two buckets, costs up to the capacity',
+    buckets: [
+      { capacity: 1, refillPerSecond: 60, costs: [1] },
+      { capacity: 7, refillPerSecond: 7, costs: [0.01, 0.05, 7] }
+    ],
+    maxSleepMs: 40
   }
 ]
 
@@ -231,10 +241,28 @@ t.test('the script decides like the reference token bucket, and the MemoryStore 
   t.ok(skipped <= steps * 0.05, `${skipped} of ${steps} steps skipped (at most 5%)`)
 })
 
-t.test('the clocked copy is the script plus one line, and refuses a script it does not recognise', async (t) => {
+t.test('the clocked copy is the script with its returns wrapped, and refuses a script it does not recognise', async (t) => {
   const clocked = withClock(LUA)
-  t.equal(clocked, LUA.replace(/\nreturn out\s*$/, '\nout[#KEYS + 1] = now\nreturn out\n'), 'only `now` appended to the reply')
-  t.ok(clocked.startsWith(LUA.slice(0, LUA.lastIndexOf('\nreturn out'))), 'everything before the return is the script as it is')
-  t.throws(() => withClock(LUA.replace(/\nreturn out\s*$/, '\nreturn { out }\n')), /no longer ends with `return out`/,
-    'a script whose reply is built differently breaks the test loudly')
+  // Undo the two changes: what is left must be the script, character for character.
+  const helper = /\nlocal function clocked \(r\)\n[\s\S]*?\nend\n/
+  t.match(clocked, helper, 'one local function added')
+  t.equal(clocked.replace(helper, '\n').replace(/return clocked\((.+)\)$/gm, 'return $1'), LUA, 'and every return wrapped in it, nothing else')
+  t.ok(clocked.indexOf('local function clocked') > clocked.indexOf('\nlocal now = '), 'defined after `now`, so it sees it')
+  const returns = LUA.match(/^\s*return .+$/gm) ?? []
+  t.ok(returns.length >= 3, `the script's ${returns.length} returns (one policy allowed and denied, several) are all wrapped`)
+  t.throws(() => withClock(LUA.replace(/\nlocal now = /, '\nlocal clock = ')), /no longer has a `local now` line/,
+    'a script whose clock is read differently breaks the test loudly')
+})
+
+t.test('the clocked copy replies like the script, plus the clock', async (t) => {
+  const plain = new ScriptRunner(redis)
+  const tag = uniqueTag('clocked')
+  const one = (name: string): ScriptSpec => ({ key: `test:${tag}:${name}`, capacity: 2, refillPerSecond: 1e-6, cost: 1 })
+  const single = await script.run([one('a')], true)
+  t.same(single.values, [1e12], 'one policy: the value, and')
+  t.ok(single.nowUs > 1e15, 'the clock')
+  const raw = await plain.raw([one('a')], true)
+  t.ok(typeof raw === 'number' && raw > 1e12 && raw <= 2e12, `the plain script: the same bucket, a plain integer reply (${String(raw)})`)
+  const pair = await script.run([one('a'), one('b')], true)
+  t.ok((pair.values[0] ?? 0) < 0 && pair.values[1] === 0, `several policies: one value each (${pair.values.join(', ')}) and the clock`)
 })

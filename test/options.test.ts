@@ -213,7 +213,16 @@ t.test('invalid route config', async (t) => {
     ['missing refillPerSecond (none on the plugin)', { capacity: 5 }, on({ capacity: 2 }), { name: `${where}refillPerSecond`, got: 'undefined' }],
     ['lease.tokens over the capacity', base, on({ capacity: 3, lease: { tokens: 4, maxAgeMs: 100 } }), { name: `${where}lease.tokens`, got: '4', expect: 'at most capacity (3)' }],
     ['lease in an array of policies', base, on([{ bucket: 'a' }, { bucket: 'b', lease: { tokens: 2, maxAgeMs: 100 } }]), { name: `${where}[1].lease` }],
-    ['no config, global, no capacity anywhere', { refillPerSecond: 1 }, (app) => { app.get('/x', x) }, { name: `${where}capacity`, got: 'undefined' }]
+    ['no config, global, no capacity anywhere', { refillPerSecond: 1 }, (app) => { app.get('/x', x) }, { name: `${where}capacity`, got: 'undefined' }],
+    // Bounds of what Redis can store (lib/options.ts, storableBucket).
+    ['a window over 2^52 µs', base, on({ capacity: 1e15, refillPerSecond: 0.001 }),
+      { name: `${where}refillPerSecond`, got: '0.001', expect: /at least capacity \/ 4503599627\.370496 \(222044\.6049250313\): .* at most 2\^52 µs/ }],
+    ['a window over 2^52 µs from the plugin\'s refill', { ...base, refillPerSecond: 1e-9 }, on({ capacity: 5 }),
+      { name: `${where}refillPerSecond`, got: '1e-9', expect: /2\^52 µs \(4503599627\.370496 s, about 142 years\)/ }],
+    ['a capacity whose microseconds overflow', base, on({ capacity: 1e303, refillPerSecond: 1e303 }),
+      { name: `${where}capacity`, got: '1e+303', expect: 'at most 1.7976931348623154e+302 (capacity × 1e6 µs must be a finite number)' }],
+    ['a refill whose token interval overflows', base, on({ capacity: 1e-310, refillPerSecond: 1e-305 }),
+      { name: `${where}refillPerSecond`, got: '1e-305', expect: 'at least 5.562684646268004e-303' }]
   ]
   for (const [label, plugin, declare, want] of cases) {
     isOptionError(t, await routeError(plugin, declare), want, label)
@@ -263,6 +272,8 @@ t.test('createLimiter validates its options and calls', async (t) => {
     ['policy local without local', async () => limiter.consume('k', { ...policy, failureMode: 'local' }), { name: 'policy.local', got: 'undefined' }],
     ['policy cost > capacity', async () => limiter.consume('k', { ...policy, cost: 6 }), { name: 'policy.cost', got: '6', expect: 'at most capacity (5)' }],
     ['policy unknown field', async () => limiter.consume('k', { ...policy, max: 1 } as never), { name: 'policy.max' }],
+    ['policy window over 2^52 µs', async () => limiter.consume('k', { ...policy, capacity: 1e10, refillPerSecond: 1e-6 }),
+      { name: 'policy.refillPerSecond', got: '0.000001', expect: 'an empty bucket may take at most 2^52 µs' }],
     ['cost argument > capacity', async () => limiter.consume('k', policy, 6), { name: 'cost', got: '6', expect: 'at most capacity (5) of bucket "b"' }],
     ['cost argument 0', async () => limiter.consume('k', policy, 0), { name: 'cost', got: '0' }],
     ['cost argument NaN', async () => limiter.consume('k', policy, NaN), { name: 'cost', got: 'NaN' }],

@@ -10,6 +10,9 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
+import { bucketKey } from '../lib/keys.js'
+import { checkPolicy, createLimiter } from '../lib/limiter.js'
+import { MAX_CAPACITY, MIN_REFILL } from '../lib/options.js'
 import { RedisStore } from '../lib/redis-store.js'
 import { bucketState, wholeTokens } from '../lib/store.js'
 import { ScriptRunner, redisMicros, uniqueKey, uniqueTag, type ScriptSpec, type TimedReply } from './helpers/model.js'
@@ -195,6 +198,11 @@ t.test('a full bucket pays a cost equal to its capacity, whatever the rate', asy
       // Empty, less up to 1 us of refill: the full-at time is rounded up.
       between(t, tokens(value, s), -microOf(s), 0, EPS, 'and empties it')
     }
+    // The same next to a second bucket: the path of several policies.
+    const tag = uniqueTag('whole')
+    const pair = [spec(`test:${tag}:a`, capacity, rate, capacity), spec(`test:${tag}:b`, 10, 10, 1)]
+    t.same(await script.run(pair, true), [Math.ceil(capacity * 1e6 / rate), 100_000],
+      `capacity ${capacity}, ${rate}/s, with a second policy: allowed, full again after the whole interval`)
   }
 })
 
@@ -303,15 +311,23 @@ t.test('several buckets: all or nothing; peek writes nothing', async (t) => {
 t.test('the stored value is one integer: the microsecond the bucket is full again', async (t) => {
   // Rates whose token interval is not a whole number of microseconds, and a
   // fractional cost, so a float could leak into the value if it were not rounded.
-  for (const [rate, cost] of [[10, 1], [0.3, 2.5], [7, 1], [30 / 7, 1.5]] as const) {
-    const key = uniqueKey('encoding')
-    const reply = await script.timed([spec(key, 100, rate, cost)], true)
-    const value = await redis.get(key)
-    t.match(value, /^[1-9][0-9]*$/, `${rate}/s, cost ${cost}: "${value}" is an integer string`)
-    t.equal(reply.values[0], Math.ceil(cost * 1e6 / rate), 'the reply: the cost\'s interval, rounded up to a whole microsecond')
-    between(t, Number(value) - (reply.values[0] ?? NaN), reply.beforeUs, reply.afterUs, 0, 'stored: the script\'s clock plus the reply')
-    t.equal(await redis.type(key), 'string')
-    t.equal(await redis.object('ENCODING', key), 'int', 'kept by Redis as an integer inside the object header')
+  // At 7/s a cost of 7 is worth cost * (1e6 / 7) = 1000000.0000000001 us, but
+  // the spend moves the full-at time by cost * 1e6 / 7 = 1000000 exactly,
+  // as lib's MemoryStore does: the two must not be mixed up.
+  for (const [rate, cost] of [[10, 1], [0.3, 2.5], [7, 1], [30 / 7, 1.5], [7, 7]] as const) {
+    for (const several of [false, true]) {
+      const tag = uniqueTag('encoding')
+      const key = `test:${tag}:a`
+      const buckets = several ? [spec(key, 100, rate, cost), spec(`test:${tag}:b`, 100, 10, 1)] : [spec(key, 100, rate, cost)]
+      const reply = await script.timed(buckets, true)
+      const value = await redis.get(key)
+      const what = `${rate}/s, cost ${cost}${several ? ', with a second policy' : ''}`
+      t.match(value, /^[1-9][0-9]*$/, `${what}: "${value}" is an integer string`)
+      t.equal(reply.values[0], Math.ceil(cost * 1e6 / rate), `${what}: the reply is the cost's interval, rounded up to a whole microsecond`)
+      between(t, Number(value) - (reply.values[0] ?? NaN), reply.beforeUs, reply.afterUs, 0, 'stored: the script\'s clock plus the reply')
+      t.equal(await redis.type(key), 'string')
+      t.equal(await redis.object('ENCODING', key), 'int', 'kept by Redis as an integer inside the object header')
+    }
   }
 })
 
@@ -337,4 +353,173 @@ t.test('memory per bucket', async (t) => {
   t.comment(`Redis ${version}: MEMORY USAGE per bucket minus its key's length: ${least} to ${most} B over 32 key lengths (${extras.join(' ')})`)
   t.ok(least <= 48, `per-bucket cost apart from the key name: ${least} B <= 48 B (Redis 7.0 figure)`)
   t.ok(most - least < 32, `the rest is the allocator rounding the name up: ${most - least} B < 32 B`)
+})
+
+t.test('a step back of Redis\'s clock costs at most one window, not the size of the step', async (t) => {
+  // The state a step back of 1 h leaves (an NTP correction, a failover to a
+  // replica whose clock is behind): a full-at time 1 h ahead of Redis TIME.
+  // Before the clamp, a capacity-10, 1/s bucket answered Retry-After 3592 s.
+  const HOUR_US = 3600e6
+  const prefix = `test-step-${process.pid}`
+  const limiter = createLimiter({ redis, prefix, denialCache: false })
+  t.teardown(() => limiter.close())
+  const policy = { bucket: 'api', capacity: 10, refillPerSecond: 1, failureMode: 'closed' } as const
+  const windowMs = 10_000
+  const stepBack = async (client: string, bucket: string): Promise<string> => {
+    const key = bucketKey(prefix, client, bucket)
+    await redis.set(key, String(await redisMicros(redis) + HOUR_US), 'PX', 2 * 3600e3)
+    return key
+  }
+
+  const key = await stepBack('alice', 'api')
+  const peek = await limiter.peek('alice', policy)
+  t.equal(peek.allowed, false, 'peek: an empty bucket')
+  t.ok(peek.retryAfterMs <= 1000, `peek: retry after ${peek.retryAfterMs} ms, at most the cost's interval (1000 ms)`)
+  t.ok(peek.resetMs <= windowMs, `peek: full in ${peek.resetMs} ms, at most one window (${windowMs} ms)`)
+  const stored = await redis.get(key)
+  const denied = await limiter.consume('alice', policy)
+  t.equal(denied.allowed, false, 'consume: denied, the bucket reads as empty')
+  t.ok(denied.retryAfterMs <= 1000, `consume: retry after ${denied.retryAfterMs} ms`)
+  t.ok(denied.resetMs <= windowMs, `consume: full in ${denied.resetMs} ms`)
+  t.not(await redis.get(key), stored, 'the consume re-anchored the key')
+  const ahead = Number(await redis.get(key)) - await redisMicros(redis)
+  t.ok(ahead <= windowMs * 1000 && ahead > windowMs * 1000 - 1e6, `it is now full at most one window ahead (${ahead} us)`)
+  t.ok(await redis.pttl(key) <= windowMs + 2, 'with the TTL of one window')
+
+  // Several policies: the loop path clamps and re-anchors each bucket.
+  const other = { bucket: 'other', capacity: 2.5, refillPerSecond: 0.3, failureMode: 'closed' } as const
+  const otherWindowMs = 2.5 / 0.3 * 1000
+  const k1 = await stepBack('bob', 'api')
+  const k2 = await stepBack('bob', 'other')
+  const both = await limiter.consume('bob', [policy, other])
+  t.equal(both.allowed, false)
+  const [p1, p2] = both.policies ?? []
+  t.ok((p1?.retryAfterMs ?? Infinity) <= 1000 && (p1?.resetMs ?? Infinity) <= windowMs, `first: retry ${p1?.retryAfterMs} ms, full in ${p1?.resetMs} ms`)
+  // The window of 2.5 tokens at 0.3/s is not a whole number of microseconds:
+  // the waits are rounded up to the next one.
+  t.ok((p2?.retryAfterMs ?? Infinity) <= 1000 / 0.3 + 0.001 && (p2?.resetMs ?? Infinity) <= otherWindowMs + 0.001,
+    `second: retry ${p2?.retryAfterMs} ms, full in ${p2?.resetMs} ms (window ${otherWindowMs} ms)`)
+  for (const [k, w] of [[k1, windowMs], [k2, otherWindowMs]] as const) {
+    const left = Number(await redis.get(k)) - await redisMicros(redis)
+    t.ok(left <= w * 1000 + 1, `${k}: re-anchored at most one window ahead (${left} us)`)
+  }
+
+  // The script alone (or the TOLLGATE_TEST_LUA text), both of its paths: an
+  // empty bucket waits for its cost, 1 s, and a consume re-anchors the key.
+  const lone = spec(await stepBack('dave', 'api'), 10, 1, 1)
+  const pair = [spec(await stepBack('dave', 'x'), 10, 1, 1), spec(await stepBack('dave', 'y'), 10, 1, 1)]
+  t.same(await script.run([lone], false), [-1_000_000], 'script, one policy, peek: wait 1 s')
+  t.same(await script.run([lone], true), [-1_000_000], 'script, one policy, consume: wait 1 s')
+  t.same(await script.run(pair, true), [-1_000_000, -1_000_000], 'script, two policies, consume: wait 1 s each')
+  for (const s of [lone, ...pair]) {
+    const left = Number(await redis.get(s.key)) - await redisMicros(redis)
+    t.ok(left <= 10_000_000, `${s.key}: re-anchored at most one window ahead (${left} us)`)
+  }
+
+  // And the client really gets back in after the wait it was given: a
+  // 100 ms window, so the test waits 10 ms, not an hour.
+  const fast = { bucket: 'fast', capacity: 10, refillPerSecond: 100, failureMode: 'closed' } as const
+  await stepBack('carol', 'fast')
+  const first = await limiter.consume('carol', fast)
+  t.equal(first.allowed, false)
+  t.ok(first.retryAfterMs <= 10, `retry after ${first.retryAfterMs} ms`)
+  await sleep(Math.min(first.retryAfterMs, 50) + 5)
+  const again = await limiter.consume('carol', fast)
+  t.equal(again.allowed, true, 'allowed once the wait it was told is over')
+  t.equal(again.source, 'store')
+})
+
+t.test('extreme options: every accepted bucket decides in the real script, every rejected one names the limit', async (t) => {
+  // Before the bounds, 18 of 108 such combinations were accepted and then
+  // failed every allowed request ("ERR value is not an integer" from PSETEX).
+  const capacities = [5e-324, 1e-300, 1e-9, 0.001, 1, 10, 1e6, 1e9, 1e15, 1e300, MAX_CAPACITY, 1e303]
+  const refills = [5e-324, 1e-303, MIN_REFILL, 1e-300, 1e-9, 1e-6, 0.001, 1, 1000, 1e9, 1e300, Number.MAX_VALUE]
+  const costsOf = (capacity: number): number[] => [capacity, capacity / 2, capacity * 1e-9, 5e-324]
+  const store = new RedisStore(redis)
+  const tag = uniqueTag('extreme')
+  let accepted = 0
+  let rejected = 0
+  const failures: string[] = []
+  for (const capacity of capacities) {
+    for (const refillPerSecond of refills) {
+      for (const cost of costsOf(capacity)) {
+        if (cost <= 0) continue
+        const what = `capacity ${capacity}, refill ${refillPerSecond}/s, cost ${cost}`
+        const policy = { bucket: 'x', capacity, refillPerSecond, cost, failureMode: 'closed' }
+        let error: unknown
+        try {
+          checkPolicy(policy)
+        } catch (err) {
+          error = err
+        }
+        if (error !== undefined) {
+          rejected++
+          const message = error instanceof Error ? error.message : String(error)
+          const names = /`policy\.(capacity|refillPerSecond)` must be (at most|at least) .*(finite number|2\^52 µs)/.test(message)
+          if (!names || (error as { code?: unknown }).code !== 'TOLLGATE_INVALID_OPTION') failures.push(`${what}: rejected with ${message}`)
+          continue
+        }
+        accepted++
+        const key = `test:${tag}:${accepted}`
+        const spec = { key, capacity, refillPerSecond, cost }
+        try {
+          const first = await store.decide([spec], true)
+          const state = first.buckets[0]
+          // Left: capacity - cost, less what rounding the full-at time up to
+          // a whole microsecond takes (one microsecond of refill).
+          const least = capacity - cost - refillPerSecond / 1e6 - capacity * 1e-9
+          if (!first.allowed || state === undefined || !(state.remaining >= least && state.remaining <= capacity) ||
+            !Number.isFinite(state.fullInUs)) {
+            failures.push(`${what}: a new bucket should afford its cost, got ${JSON.stringify(first)}`)
+          }
+          // Spend again (denied once the bucket is short), peek, and the same
+          // bucket next to a second one: every path of the script.
+          await store.decide([spec], true)
+          await store.decide([spec], false)
+          const pair = await store.decide([spec, { ...spec, key: `${key}:b` }], true)
+          if (pair.buckets.some((b) => !Number.isFinite(b.remaining) || !Number.isFinite(b.fullInUs) || !Number.isFinite(b.waitUs))) {
+            failures.push(`${what}: not finite: ${JSON.stringify(pair)}`)
+          }
+        } catch (err) {
+          failures.push(`${what}: ${err instanceof Error ? err.message : String(err)}`)
+        }
+      }
+    }
+  }
+  t.comment(`${accepted} accepted, ${rejected} rejected`)
+  t.same(failures.slice(0, 40), [], `no script error and no unnamed limit (${failures.length} failures)`)
+  t.ok(accepted >= 200 && rejected >= 100, 'both sides of the bounds were swept')
+})
+
+t.test('the bounds: a window of exactly 2^52 us is accepted, one microsecond-ish more is not', async (t) => {
+  const window = (capacity: number, refill: number): number => capacity * (1e6 / refill)
+  const capacity = 2 ** 52 / 1e6
+  t.equal(window(capacity, 1), 2 ** 52)
+  t.doesNotThrow(() => checkPolicy({ bucket: 'x', capacity, refillPerSecond: 1, failureMode: 'open' }))
+  t.throws(() => checkPolicy({ bucket: 'x', capacity: capacity * (1 + Number.EPSILON), refillPerSecond: 1, failureMode: 'open' }),
+    { code: 'TOLLGATE_INVALID_OPTION', message: /`policy\.refillPerSecond` must be at least capacity \/ 4503599627\.370496 \(1\.0000000000000002\): an empty bucket may take at most 2\^52 µs/ })
+  t.doesNotThrow(() => checkPolicy({ bucket: 'x', capacity: MAX_CAPACITY, refillPerSecond: 1e300, failureMode: 'open' }))
+  t.throws(() => checkPolicy({ bucket: 'x', capacity: 1.797693134862316e302, refillPerSecond: 1e300, failureMode: 'open' }),
+    { message: /`policy\.capacity` must be at most 1\.7976931348623154e\+302 \(capacity × 1e6 µs must be a finite number\)/ })
+  t.doesNotThrow(() => checkPolicy({ bucket: 'x', capacity: 1e-300, refillPerSecond: MIN_REFILL, failureMode: 'open' }))
+  t.throws(() => checkPolicy({ bucket: 'x', capacity: 1e-300, refillPerSecond: 5.5626846462680035e-303, failureMode: 'open' }),
+    { message: /`policy\.refillPerSecond` must be at least 5\.562684646268004e-303 \(1e6 \/ refillPerSecond µs per token must be a finite number\)/ })
+
+  // At the largest window, the script still writes an exact integer.
+  const key = uniqueKey('bound')
+  const s = spec(key, capacity, 1, capacity)
+  const reply = await script.timed([s], true)
+  t.same(reply.values, [2 ** 52], 'the whole window, in one spend')
+  between(t, Number(await redis.get(key)) - 2 ** 52, reply.beforeUs, reply.afterUs, 0, 'stored exactly: now + 2^52')
+  await redis.del(key)
+})
+
+t.test('a key holding a string that is not a number fails the call, like a key of the wrong type', async (t) => {
+  const tag = uniqueTag('garbage')
+  const key = `test:${tag}:a`
+  await redis.set(key, 'tokens:5', 'PX', 60_000)
+  await t.rejects(script.run([spec(key, 10, 1)], true), /arithmetic on a string/, 'one policy')
+  await t.rejects(script.run([spec(key, 10, 1), spec(`test:${tag}:b`, 10, 1)], true), /arithmetic on a string/, 'several')
+  t.equal(await redis.get(key), 'tokens:5', 'and it is left as it was')
+  t.equal(await redis.exists(`test:${tag}:b`), 0, 'nothing else written')
 })

@@ -14,10 +14,9 @@
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
 import tollgate from '../../lib/index.js'
-import { SCRIPT_COMMAND } from '../../lib/redis-store.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
-import { clockTrustingScript } from './naive.js'
+import { trustAppClock } from './naive.js'
 
 type RedisClient = Redis | Cluster
 
@@ -48,19 +47,6 @@ function shiftClock (ms: number): void {
   performance.now = () => realPerf() + ms
 }
 
-/**
- * The script variant that takes `now` from this process (see naive.ts),
- * installed under tollgate's command name. Works on Redis and Cluster alike:
- * EVALSHA/EVAL are routed by their first key.
- */
-function trustAppClock (redis: RedisClient): void {
-  const variant = clockTrustingScript(LUA)
-  redis[SCRIPT_COMMAND] = async (...args: Array<string | number>): Promise<Array<string | number>> => {
-    const [numKeys = 0, ...rest] = args
-    return await redis.eval(variant, numKeys, ...rest, Date.now() * 1000) as Array<string | number>
-  }
-}
-
 const app = Fastify()
 const clients: RedisClient[] = []
 for (const [label, store] of Object.entries(config.stores)) {
@@ -68,7 +54,7 @@ for (const [label, store] of Object.entries(config.stores)) {
     ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
     : new Cluster(store.cluster, store.clusterOptions ?? {})
   redis.on('error', () => {})
-  if (store.trustAppClock === true) trustAppClock(redis)
+  if (store.trustAppClock === true) trustAppClock(redis, LUA)
   clients.push(redis)
   await app.register(async (scope) => {
     await scope.register(tollgate, {

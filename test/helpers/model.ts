@@ -78,38 +78,53 @@ export interface ScriptSpec extends Shape {
   cost: number
 }
 
-/** Arguments of the script for these buckets: KEYS, then the mode, then capacity, rate and cost per bucket. */
+/**
+ * Arguments of the script for these buckets: KEYS, then the mode, then per
+ * bucket its window, the need of its cost and the move of its full-at time
+ * in microseconds, the expressions the script's header gives.
+ */
 export function scriptArgs (specs: readonly ScriptSpec[], consume: boolean): Array<string | number> {
   const args: Array<string | number> = specs.map((s) => s.key)
   args.push(consume ? '1' : '0')
-  for (const s of specs) args.push(s.capacity, s.refillPerSecond, s.cost)
+  for (const s of specs) {
+    const step = 1e6 / s.refillPerSecond
+    args.push(s.capacity * step, s.cost * step, s.cost * 1e6 / s.refillPerSecond)
+  }
   return args
 }
 
 /**
- * Checks a reply of exactly `count` integers (one per bucket, as
- * lua/token-bucket.lua returns them); throws on anything else.
+ * Checks a reply of lua/token-bucket.lua for `count` buckets and returns
+ * its integers: one integer for one bucket, an array of `count` integers
+ * for several (a clocked copy's reply is always an array); throws on
+ * anything else.
  */
-export function parseValues (reply: unknown, count: number): number[] {
-  if (!Array.isArray(reply) || reply.length !== count || !reply.every((v) => Number.isSafeInteger(v))) {
-    throw new Error(`unexpected script reply ${JSON.stringify(reply)} (expected ${count} integers)`)
+export function parseValues (reply: unknown, count: number, array = count > 1): number[] {
+  const values = array ? reply : [reply]
+  if (!Array.isArray(values) || values.length !== count || !values.every((v) => Number.isSafeInteger(v))) {
+    throw new Error(`unexpected script reply ${JSON.stringify(reply)} (expected ${count === 1 ? 'one integer' : `${count} integers`})`)
   }
-  return reply as number[]
+  return values as number[]
 }
 
 /**
  * The token-bucket script with one change: Redis's clock at the decision
- * (`now`, microseconds) is appended to the reply, after the per-bucket
- * values. The decisions are those of the text given. Throws when the text
- * no longer ends the way this expects, so a rewrite of the script shows here
- * instead of silently testing something else.
+ * (`now`, microseconds) is appended to the reply, which is then always an
+ * array: each `return x` becomes `return clocked(x)`, where `clocked`, a
+ * local function defined right after `local now`, appends `now` to a
+ * table or pairs a plain integer with it. The decisions are those of the
+ * text given. Throws when the text no longer has the shape this expects,
+ * so a rewrite of the script shows here instead of silently testing
+ * something else.
  */
 export function withClock (lua: string): string {
-  const end = /\nreturn out\s*$/
-  if (!end.test(lua) || !/\nlocal now = /.test(lua)) {
-    throw new Error('the token-bucket script no longer ends with `return out` after a `local now`; update withClock in test/helpers/model.ts')
+  const clock = /\nlocal now = [^\n]*\n/
+  const returns = /^(\s*)return (.+)$/gm
+  if (!clock.test(lua) || lua.match(returns) === null) {
+    throw new Error('the token-bucket script no longer has a `local now` line and `return` lines; update withClock in test/helpers/model.ts')
   }
-  return lua.replace(end, '\nout[#KEYS + 1] = now\nreturn out\n')
+  const helper = "local function clocked (r)\n  if type(r) == 'table' then\n    r[#r + 1] = now\n    return r\n  end\n  return { r, now }\nend\n"
+  return lua.replace(returns, '$1return clocked($2)').replace(clock, (line) => line + helper)
 }
 
 /** A reply of the clocked script: the per-bucket values, and Redis's clock at the decision. */
@@ -218,7 +233,7 @@ export class ClockedScriptRunner {
 
   async run (specs: readonly ScriptSpec[], consume: boolean): Promise<ClockedReply> {
     const [keys, args] = split(specs, consume)
-    const reply = parseValues(await this.#runner.eval(keys, args), specs.length + 1)
+    const reply = parseValues(await this.#runner.eval(keys, args), specs.length + 1, true)
     return { values: reply.slice(0, specs.length), nowUs: reply[specs.length] as number }
   }
 }

@@ -7,8 +7,10 @@
 
 import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { Redis } from 'ioredis'
-import { SCRIPT_COMMAND } from '../../lib/redis-store.js'
+import type { Cluster, Redis } from 'ioredis'
+import { TOKEN_BUCKET } from '../../lib/redis-store.js'
+
+type RedisClient = Redis | Cluster
 
 export interface NaiveOptions {
   key: string
@@ -55,20 +57,25 @@ export function clockTrustingScript (lua: string): string {
 /**
  * Makes tollgate, on this client, run the clock-trusting variant of `lua`
  * with this process's Date.now() (in microseconds) appended to the
- * arguments. Call it before the plugin is registered: tollgate defines its
- * command only on a client that does not have it yet.
+ * arguments: the client's EVALSHA of tollgate's token-bucket script runs
+ * the variant instead (EVAL on NOSCRIPT), every other call goes through.
+ * Works on Redis and Cluster alike: EVALSHA/EVAL are routed by their keys.
  */
-export function trustAppClock (redis: Redis, lua: string): void {
+export function trustAppClock (redis: RedisClient, lua: string): void {
   const variant = clockTrustingScript(lua)
   const sha = createHash('sha1').update(variant).digest('hex')
-  redis[SCRIPT_COMMAND] = async (...args: Array<string | number>): Promise<Array<string | number>> => {
-    const [numKeys, ...rest] = args as [number, ...Array<string | number>]
-    const withClock = [...rest, Date.now() * 1000]
+  type Args = Array<string | number>
+  const evalsha = redis.evalsha.bind(redis) as (sha: string, numKeys: number, ...args: Args) => Promise<unknown>
+  const evalLua = redis.eval.bind(redis) as (lua: string, numKeys: number, ...args: Args) => Promise<unknown>
+  const replaced = async (script: string, numKeys: number, ...args: Args): Promise<unknown> => {
+    if (script !== TOKEN_BUCKET.sha) return await evalsha(script, numKeys, ...args)
+    const withClock = [...args, Date.now() * 1000]
     try {
-      return await redis.evalsha(sha, numKeys, ...withClock) as Array<string | number>
+      return await evalsha(sha, numKeys, ...withClock)
     } catch (err) {
       if (!(err instanceof Error) || !err.message.startsWith('NOSCRIPT')) throw err
-      return await redis.eval(variant, numKeys, ...withClock) as Array<string | number>
+      return await evalLua(variant, numKeys, ...withClock)
     }
   }
+  redis.evalsha = replaced as unknown as typeof redis.evalsha
 }
