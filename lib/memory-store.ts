@@ -42,8 +42,11 @@ export class MemoryStore {
     let allowed = true
     for (const spec of specs) {
       const step = 1e6 / spec.refillPerSecond
-      const busy = Math.max(0, (this.#fullAt.get(spec.key) ?? now) - now)
-      const over = busy + spec.cost * step - spec.capacity * step
+      const window = spec.capacity * step
+      // As in the script: a full-at time more than one window ahead (a clock
+      // that stepped back) reads as an empty bucket, never as a longer wait.
+      const busy = Math.min(window, Math.max(0, (this.#fullAt.get(spec.key) ?? now) - now))
+      const over = busy + spec.cost * step - window
       if (over > 0) {
         allowed = false
         values.push(-Math.ceil(over))

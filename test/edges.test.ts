@@ -200,3 +200,16 @@ t.test('app.tollgate takes a plugin-level numeric cost', async (t) => {
   const { app } = await buildApp(t, { plugin: { capacity: 10, refillPerSecond: 0.01, cost: 3 } })
   t.equal((await app.tollgate.consume('someone', { bucket: 'numeric' })).remaining, 7)
 })
+
+t.test('the in-process store reads a full-at time past one window as an empty bucket', async (t) => {
+  let clock = 3_600_000_000
+  const store = new MemoryStore({ now: () => clock })
+  const spec = { key: 'k', capacity: 10, refillPerSecond: 1, cost: 1 }
+  store.decideSync([spec], true)
+  clock -= 3_600_000_000 // the clock steps back an hour
+  const reply = store.decideSync([spec], false)
+  t.equal(reply.allowed, false)
+  const bucket = reply.buckets[0]!
+  t.ok(bucket.waitUs <= 1_000_000, `waits at most one token's time, got ${bucket.waitUs} µs`)
+  t.ok(bucket.fullInUs <= 10_000_000, `full within one window, got ${bucket.fullInUs} µs`)
+})
