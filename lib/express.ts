@@ -155,10 +155,15 @@ const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set i
 
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings }
 
+/** The default logger: the message, then what it is about, if anything. */
 const CONSOLE: Logger = {
-  warn: (obj, msg) => { console.warn(msg, obj) },
-  info: (obj, msg) => { console.info(msg, obj) },
-  error: (obj, msg) => { console.error(msg, obj) }
+  warn: (obj, msg) => { console.warn(...logArgs(obj, msg)) },
+  info: (obj, msg) => { console.info(...logArgs(obj, msg)) },
+  error: (obj, msg) => { console.error(...logArgs(obj, msg)) }
+}
+
+function logArgs (obj: object, msg: string): unknown[] {
+  return Object.keys(obj).length === 0 ? [msg] : [msg, obj]
 }
 
 /** Creates the limiter of one Express app: validates `options` and returns `limit`. */
