@@ -2,8 +2,9 @@
 // x three workloads, alternating, on
 // one throwaway Redis; prints a markdown report and writes bench/RESULTS.md.
 //
-//   npm run bench              builds dist/ first; 7 to 10 minutes on 2 cores
-//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about a minute
+//   npm run bench              builds dist/ first; about 16 minutes on 2 cores
+//                              (about 9 with BENCH_CONFIGS=bare,frl-local,frl-redis,tollgate-exact,tollgate-cached)
+//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about two minutes
 //
 // Environment:
 //   BENCH_ROUNDS       rounds of every cell, the median is reported (5)
