@@ -41,6 +41,15 @@ const START_WAIT_MS = 2000
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
 
+/**
+ * A `cost` function. The functions of a policy are declared as methods, so
+ * that their parameter is checked bivariantly: a function written for a
+ * route's own `Request<Params>` fits.
+ */
+export type ExpressCostFunction = {
+  cost (req: Request): number | Promise<number>
+}['cost']
+
 /** A limit as `rateLimit()` and `limit()` take it; `limit()`'s values merge over `rateLimit()`'s. */
 export interface ExpressPolicy {
   /** Largest burst, in tokens. */
@@ -48,13 +57,13 @@ export interface ExpressPolicy {
   /** Tokens added per second. */
   refillPerSecond?: number | undefined
   /** Tokens this request costs (default 1); a function may read the request. */
-  cost?: number | ((req: Request) => number | Promise<number>) | undefined
+  cost?: number | ExpressCostFunction | undefined
   /** What the limit does when the store fails or misses its deadline. */
   failureMode?: FailureMode | undefined
   /** The in-process limit used by failureMode 'local'. */
   local?: LocalPolicy | undefined
   /** Client identity (default: `req.ip`, IPv6 reduced to its subnet). */
-  key?: ((req: Request) => string | Promise<string>) | undefined
+  key?(req: Request): string | Promise<string>
   /** Bucket name: required outside a route; default `<METHOD> <route pattern>`. */
   bucket?: string | undefined
   /** Deadline for one store decision, ms (default 10). */
@@ -62,7 +71,7 @@ export interface ExpressPolicy {
   /** Which rate-limit headers to send (default 'draft-6'). */
   headers?: 'draft-6' | 'draft-10' | 'legacy' | false | undefined
   /** Requests for which it returns true skip the limiter. */
-  allow?: ((req: Request) => boolean | Promise<boolean>) | undefined
+  allow?(req: Request): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
 }

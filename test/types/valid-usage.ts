@@ -170,6 +170,7 @@ export async function expressUsage (): Promise<void> {
   app.post('/pay', limit([{ capacity: 5, refillPerSecond: 1 }, { capacity: 100, refillPerSecond: 100 / 3600, failureMode: 'closed' }]), (_req, res) => { res.end() })
   const costly: ExpressPolicy = { cost: async (req) => Number(req.query.n), allow: (req) => req.path === '/health', headers: 'draft-10' }
   app.get('/costly', limit(costly), (_req, res) => { res.end() })
+  app.get('/orgs/:org', limit({ key: (req: express.Request<{ org: string }>) => req.params.org }), (_req, res) => { res.end() })
   const decision: Decision = await limit.consume('alice', { bucket: 'login', capacity: 5 }, 2)
   await limit.peek('alice', { bucket: 'login' })
   await limit.reset('alice', 'login')
