@@ -305,6 +305,26 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.same(quiet.lines, [])
     })
 
+    t.test('the denial cache and leases: decided in this process, as by the plugin', async (t) => {
+      const { limit } = limiter(t, { handler: (_req, res, _next, err) => { res.status(err.status).json({ source: err.decision.source }) } })
+      const app = express()
+      app.get('/denied', limit({ capacity: 2, refillPerSecond: 0.01 }), ok)
+      app.get('/leased', limit({ capacity: 100, refillPerSecond: 0.01, lease: { tokens: 10, maxAgeMs: 60_000 } }), ok)
+      app.use(((err, _req, res, _next) => { res.status(500).json({ message: err.message }) }) as ErrorRequestHandler)
+      const get = await listen(t, app)
+      const denied: string[] = []
+      for (let i = 0; i < 5; i++) {
+        const a = await get('/denied')
+        denied.push(`${a.status} ${String((JSON.parse(a.body) as { source: string }).source)}`)
+      }
+      t.same(denied, ['200 store', '200 store', '429 store', '429 cache', '429 cache'], 'a denial is remembered: no script call while it holds')
+      const sources: string[] = []
+      for (let i = 0; i < 12; i++) sources.push(String((JSON.parse((await get('/leased')).body) as { source: string }).source))
+      t.same(sources, ['store', ...Array(9).fill('cache'), 'store', 'cache'], 'one script call per batch of 10')
+      const a = await get('/leased')
+      t.equal(a.headers['ratelimit-remaining'], '87', '13 spent, the batch\'s unspent tokens counted as left')
+    })
+
     t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
       const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
       const login = { bucket: 'login', cost: 2 }
