@@ -1,6 +1,7 @@
 // One app server of the benchmark, run as a child process so that its CPU
-// time is its own: Fastify with GET /w (and, with `probePolicy`, GET /probe),
-// limited by the configuration named in BENCH_APP (JSON). Over IPC:
+// time is its own: Fastify (or, for the `express-*` and `erl-*`
+// configurations, Express) with GET /w (and, with `probePolicy`, GET
+// /probe), limited by the configuration named in BENCH_APP (JSON). Over IPC:
 //   -> 'ready'   { port }                       once listening
 //   <- 'start'   opens the measured window
 //   <- 'stop'    -> 'stats' { cpuUs, requests, commands, sources } of the window
@@ -14,9 +15,13 @@
 import { writeFileSync } from 'node:fs'
 import { Session } from 'node:inspector/promises'
 import rateLimit from '@fastify/rate-limit'
+import express from 'express'
+import { rateLimit as expressRateLimit } from 'express-rate-limit'
 import Fastify from 'fastify'
 import { Redis } from 'ioredis'
+import { RedisStore } from 'rate-limit-redis'
 import tollgate from 'tollgate'
+import { rateLimit as tollgateExpress } from 'tollgate/express'
 
 const spec = JSON.parse(process.env.BENCH_APP ?? '{}')
 const { config } = spec
@@ -26,7 +31,8 @@ let redis
 // Commands this process sends to Redis (every ioredis command, script calls
 // included, goes through sendCommand): the round trips per request.
 let commands = 0
-if (config === 'frl-redis' || config.startsWith('tollgate')) {
+const onExpress = config.startsWith('express') || config.startsWith('erl')
+if (config === 'frl-redis' || config === 'erl-redis' || config.startsWith('tollgate') || (onExpress && config !== 'express-bare')) {
   redis = new Redis({ host: '127.0.0.1', port: spec.redisPort })
   const send = redis.sendCommand
   redis.sendCommand = function countedSendCommand (...args) {
@@ -39,53 +45,99 @@ if (config === 'frl-redis' || config.startsWith('tollgate')) {
   })
 }
 
-const app = Fastify({ logger: false })
-
 let requests = 0
 const sources = {}
 const tracked = new Map((spec.trackClients ?? []).map((id) => [id, { allowed: 0, lastAt: 0 }]))
-app.server.on('request', () => { requests++ })
 
-/** The route config that puts `policy` on a route, in this configuration's terms. */
-let routeConfig = () => ({})
-if (config === 'frl-local' || config === 'frl-redis') {
-  await app.register(rateLimit, { global: false, keyGenerator: clientOf, ...(config === 'frl-redis' ? { redis } : {}) })
-  // A route's own settings get a store of their own, sized by the route's `cache`.
-  routeConfig = (policy) => ({
-    rateLimit: {
-      max: policy.capacity,
-      timeWindow: Math.round(policy.capacity / policy.refillPerSecond * 1000),
-      ...(config === 'frl-local' ? { cache: spec.localCache } : {})
+/** Counts what the handler sees: the decision's source, and the tracked clients' admissions. */
+function record (rateLimitDecision, client) {
+  const source = rateLimitDecision?.source
+  if (source !== undefined) sources[source] = (sources[source] ?? 0) + 1
+  if (tracked.size > 0) {
+    const entry = tracked.get(client)
+    if (entry !== undefined) {
+      entry.allowed++
+      entry.lastAt = performance.timeOrigin + performance.now()
     }
-  })
-} else if (config.startsWith('tollgate')) {
-  await app.register(tollgate, {
-    redis,
-    failureMode: 'open',
-    timeout: spec.timeout,
-    key: clientOf,
-    global: false,
-    ...spec.pluginExtra
-  })
-  routeConfig = (policy) => ({ rateLimit: { ...policy, ...spec.policyExtra } })
+  }
+}
+
+const { server, close } = onExpress ? await expressApp() : await fastifyApp()
+server.on('request', () => { requests++ })
+
+async function fastifyApp () {
+  const app = Fastify({ logger: false })
+
+  /** The route config that puts `policy` on a route, in this configuration's terms. */
+  let routeConfig = () => ({})
+  if (config === 'frl-local' || config === 'frl-redis') {
+    await app.register(rateLimit, { global: false, keyGenerator: clientOf, ...(config === 'frl-redis' ? { redis } : {}) })
+    // A route's own settings get a store of their own, sized by the route's `cache`.
+    routeConfig = (policy) => ({
+      rateLimit: {
+        max: policy.capacity,
+        timeWindow: Math.round(policy.capacity / policy.refillPerSecond * 1000),
+        ...(config === 'frl-local' ? { cache: spec.localCache } : {})
+      }
+    })
+  } else if (config.startsWith('tollgate')) {
+    await app.register(tollgate, {
+      redis,
+      failureMode: 'open',
+      timeout: spec.timeout,
+      key: clientOf,
+      global: false,
+      ...spec.pluginExtra
+    })
+    routeConfig = (policy) => ({ rateLimit: { ...policy, ...spec.policyExtra } })
 }
 
 async function handler (request) {
-  const source = request.rateLimit?.source
-  if (source !== undefined) sources[source] = (sources[source] ?? 0) + 1
-  if (tracked.size > 0) {
-    const client = tracked.get(clientOf(request))
-    if (client !== undefined) {
-      client.allowed++
-      client.lastAt = performance.timeOrigin + performance.now()
-    }
-  }
+  record(request.rateLimit, clientOf(request))
   return 'ok'
 }
 app.get('/w', { config: routeConfig(spec.policy) }, handler)
 if (spec.probePolicy !== undefined) app.get('/probe', { config: routeConfig(spec.probePolicy) }, handler)
 
 await app.listen({ host: '127.0.0.1', port: 0 })
+return { server: app.server, close: () => app.close() }
+}
+
+/**
+ * The Express configurations: bare, express-rate-limit with rate-limit-redis
+ * (a fixed window, as @fastify/rate-limit), and tollgate/express, exact or
+ * with its caches (the `tollgate-*` cells' options, through `limit()`).
+ */
+async function expressApp () {
+  const app = express()
+  app.set('etag', false)
+  app.set('x-powered-by', false)
+  let limitOf = () => []
+  if (config === 'erl-redis') {
+    let n = 0
+    limitOf = (policy) => [expressRateLimit({
+      windowMs: Math.round(policy.capacity / policy.refillPerSecond * 1000),
+      limit: policy.capacity,
+      keyGenerator: clientOf,
+      standardHeaders: 'draft-6',
+      legacyHeaders: false,
+      validate: false,
+      store: new RedisStore({ prefix: `erl${n++}:`, sendCommand: (command, ...args) => redis.call(command, ...args) })
+    })]
+  } else if (config.startsWith('express-tollgate')) {
+    const limit = tollgateExpress({ redis, failureMode: 'open', timeout: spec.timeout, key: clientOf, logger: { warn () {}, info () {}, error () {} }, ...spec.pluginExtra })
+    limitOf = (policy) => [limit({ ...policy, ...spec.policyExtra })]
+    await limit.ready
+  }
+  const handler = (req, res) => {
+    record(req.rateLimit, clientOf(req))
+    res.end('ok')
+  }
+  app.get('/w', ...limitOf(spec.policy), handler)
+  if (spec.probePolicy !== undefined) app.get('/probe', ...limitOf(spec.probePolicy), handler)
+  const server = await new Promise((resolve) => { const s = app.listen(0, '127.0.0.1', () => resolve(s)) })
+  return { server, close: () => new Promise((resolve) => { server.closeAllConnections(); server.close(resolve) }) }
+}
 
 let profiler
 if (spec.profileFile !== undefined) {
@@ -114,10 +166,10 @@ process.on('message', async (message) => {
   } else if (message.type === 'counts') {
     process.send({ type: 'counts', tracked: Object.fromEntries(tracked) })
   } else if (message.type === 'exit') {
-    await app.close()
+    await close()
     if (redis !== undefined) await redis.quit()
     process.exit(0)
   }
 })
 process.on('disconnect', () => process.exit(0))
-process.send({ type: 'ready', port: app.server.address().port })
+process.send({ type: 'ready', port: server.address().port })

@@ -101,7 +101,7 @@ export function report (run) {
       }
       const list = cells('W3', c.id)
       const m = (pick) => fixed(median(list.map(pick)), 0)
-      const worst = (pick) => c.id === 'bare' ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
+      const worst = (pick) => c.id.endsWith('bare') ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
       const flood = list[0].probe === undefined
         ? ` ${NA} | ${NA} | ${NA} | ${NA} |`
         : ` ${m((x) => x.probe.responses)} | ${m((x) => x.probe.allowed)} | ${m((x) => x.probe.bound)} | ${worst((x) => x.probe.over)} |`
@@ -142,6 +142,22 @@ export function report (run) {
     const cached = added(w.id, 'tollgate-cached', 'frl-redis')
     out.push(`- ${w.id}: Node CPU per request added over bare Fastify, tollgate / @fastify/rate-limit Redis store: ` +
       `exact ${fixed(exact, 2)} (${verdict(exact, 0.8)}), local caches ${fixed(cached, 2)} (${verdict(cached, 0.8)}); target <= 0.8`)
+  }
+  const addedOver = (w, c, bare) => {
+    const base = cpu(w, bare)
+    const mine = cpu(w, c)
+    return base === undefined || mine === undefined ? undefined : mine - base
+  }
+  const micros = (value) => value === undefined ? NA : `${value.toFixed(1)} µs`
+  for (const w of workloads) {
+    if (!ran(w.id, 'express-bare')) continue
+    const erl = addedOver(w.id, 'erl-redis', 'express-bare')
+    const exact = addedOver(w.id, 'express-tollgate-exact', 'express-bare')
+    const cached = addedOver(w.id, 'express-tollgate-cached', 'express-bare')
+    const ratio = (mine) => mine === undefined || erl === undefined ? undefined : mine / erl
+    out.push(`- ${w.id} on Express: Node CPU per request added over bare Express: express-rate-limit + rate-limit-redis ${micros(erl)}, ` +
+      `tollgate/express exact ${micros(exact)} (ratio ${fixed(ratio(exact), 2)}, ${verdict(ratio(exact), 1)}; target <= 1), ` +
+      `with local caches ${micros(cached)} (ratio ${fixed(ratio(cached), 2)})`)
   }
   if (workloads.some((w) => w.id === 'W2')) {
     const calls = med('W2', 'tollgate-cached', (x) => x.callsPerReq)

@@ -1,8 +1,10 @@
-// tollgate benchmark: five configurations x three workloads, alternating, on
+// tollgate benchmark: nine configurations (five on Fastify, four on Express)
+// x three workloads, alternating, on
 // one throwaway Redis; prints a markdown report and writes bench/RESULTS.md.
 //
-//   npm run bench              builds dist/ first; 7 to 10 minutes on 2 cores
-//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about a minute
+//   npm run bench              builds dist/ first; about 16 minutes on 2 cores
+//                              (about 9 with BENCH_CONFIGS=bare,frl-local,frl-redis,tollgate-exact,tollgate-cached)
+//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about two minutes
 //
 // Environment:
 //   BENCH_ROUNDS       rounds of every cell, the median is reported (5)
@@ -71,7 +73,11 @@ const CONFIGS = [
   { id: 'frl-local', label: '@fastify/rate-limit, in-process store' },
   { id: 'frl-redis', label: '@fastify/rate-limit, Redis store' },
   { id: 'tollgate-exact', label: 'tollgate, exact (a script call per request)' },
-  { id: 'tollgate-cached', label: 'tollgate, local caches (denial cache; leases on W2 and W3)' }
+  { id: 'tollgate-cached', label: 'tollgate, local caches (denial cache; leases on W2 and W3)' },
+  { id: 'express-bare', label: 'bare Express 5' },
+  { id: 'erl-redis', label: 'express-rate-limit with rate-limit-redis, on Express 5' },
+  { id: 'express-tollgate-exact', label: 'tollgate/express, exact (a script call per request), on Express 5' },
+  { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' }
 ].filter((c) => envList('BENCH_CONFIGS')?.includes(c.id) ?? true)
 
 const WORKLOADS = [
@@ -211,8 +217,8 @@ function appSpec (config, workload, features) {
     policyExtra: {},
     probePolicy: workload.probe?.policy
   }
-  if (config.id === 'tollgate-exact' && features.denialCache) spec.pluginExtra = { denialCache: false }
-  if (config.id === 'tollgate-cached') {
+  if (config.id.endsWith('tollgate-exact') && features.denialCache) spec.pluginExtra = { denialCache: false }
+  if (config.id.endsWith('tollgate-cached')) {
     if (!features.denialCache) return { unavailable: 'this build has no `denialCache` option' }
     if (workload.lease !== undefined) {
       if (!features.lease) return { unavailable: 'this build has no `lease` option' }

@@ -1,33 +1,6 @@
-import createError from '@fastify/error'
-
-// The 429 and the 503 are answers, not bugs: they skip the second stack
-// capture of @fastify/error, which a flood of denied requests would pay for
-// on every one.
-
-/** 429: the request's bucket cannot afford its cost. */
-export const RateLimitedError = createError(
-  'TOLLGATE_RATE_LIMITED',
-  'Rate limit exceeded, retry in %s second(s)',
-  429,
-  Error,
-  false
-)
-
-/** 503: the store failed and the limit fails closed. */
-export const UnavailableError = createError(
-  'TOLLGATE_UNAVAILABLE',
-  'Rate limiter unavailable, retry in %s second(s)',
-  503,
-  Error,
-  false
-)
-
-/** 500: the route's `key` or `cost` function failed; no store call was made. */
-export const BadRequestInputError = createError(
-  'TOLLGATE_BAD_INPUT',
-  'Rate limit of %s: %s',
-  500
-)
+// Errors of the core, with no HTTP in them: a store call that failed, an
+// invalid option. The HTTP answers (429, 503, 500) belong to each adapter
+// (lib/plugin-errors.ts for Fastify, lib/express.ts for Express).
 
 /** A store call that failed, timed out or was skipped by the breaker. */
 export class StoreError extends Error {

@@ -1,7 +1,19 @@
-import type { FastifyReply } from 'fastify'
+// The rate-limit headers of section 6, for any framework: they are written
+// through a sink, `set(target, name, value)`, which each adapter gives (a
+// Fastify reply's `header`, a Node response's `setHeader`). A sink that
+// takes its target, rather than a closure over it, costs no allocation per
+// request; `headerPairs` collects the same pairs into a list.
+
+import type { HEADER_MODES } from './options.js'
 import type { Decision } from './types.js'
 
-export type HeaderMode = 'draft-6' | 'draft-10' | 'legacy' | false
+export type HeaderMode = (typeof HEADER_MODES)[number]
+
+/** A header value as the adapters pass it on: numbers are whole, written in decimal. */
+export type HeaderValue = string | number
+
+/** Writes one header on `target`. Names are lower case. */
+export type HeaderSink<T> = (target: T, name: string, value: HeaderValue) => void
 
 /** What the headers need of one policy, fixed per route. */
 export interface HeaderPolicy {
@@ -99,25 +111,36 @@ function draft10List (policies: readonly HeaderPolicy[]): string {
  * draft-10 lists every policy. Retry-After goes on every denial, whatever
  * the mode.
  */
-export function setHeaders (reply: FastifyReply, mode: HeaderMode, decision: Decision, policies: PolicyHeaders): void {
+export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, decision: Decision, policies: PolicyHeaders): void {
   if (mode === 'draft-6') {
-    reply.header('ratelimit-limit', limitShown(decision.limit))
-    reply.header('ratelimit-remaining', remainingShown(decision))
-    reply.header('ratelimit-reset', resetSeconds(decision.resetMs))
-    reply.header('ratelimit-policy', policies.single(decision))
+    set(target, 'ratelimit-limit', limitShown(decision.limit))
+    set(target, 'ratelimit-remaining', remainingShown(decision))
+    set(target, 'ratelimit-reset', resetSeconds(decision.resetMs))
+    set(target, 'ratelimit-policy', policies.single(decision) as string)
   } else if (mode === 'draft-10') {
-    reply.header('ratelimit-policy', policies.list(decision))
+    set(target, 'ratelimit-policy', policies.list(decision))
     const all = decision.policies ?? [decision]
     let value = ''
     for (const d of all) {
       const t = d.retryAfterMs > 0 ? retrySeconds(d.retryAfterMs) : resetSeconds(d.resetMs)
       value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${remainingShown(d)};t=${t}`
     }
-    reply.header('ratelimit', value)
+    set(target, 'ratelimit', value)
   } else if (mode === 'legacy') {
-    reply.header('x-ratelimit-limit', limitShown(decision.limit))
-    reply.header('x-ratelimit-remaining', remainingShown(decision))
-    reply.header('x-ratelimit-reset', resetSeconds(decision.resetMs))
+    set(target, 'x-ratelimit-limit', limitShown(decision.limit))
+    set(target, 'x-ratelimit-remaining', remainingShown(decision))
+    set(target, 'x-ratelimit-reset', resetSeconds(decision.resetMs))
   }
-  if (!decision.allowed) reply.header('retry-after', retrySeconds(decision.retryAfterMs))
+  if (!decision.allowed) set(target, 'retry-after', retrySeconds(decision.retryAfterMs))
+}
+
+function collect (list: Array<[string, HeaderValue]>, name: string, value: HeaderValue): void {
+  list.push([name, value])
+}
+
+/** The headers `setHeaders` writes, as [name, value] pairs in order. */
+export function headerPairs (mode: HeaderMode, decision: Decision, policies: PolicyHeaders): Array<[string, HeaderValue]> {
+  const list: Array<[string, HeaderValue]> = []
+  setHeaders(list, collect, mode, decision, policies)
+  return list
 }

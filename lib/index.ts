@@ -8,7 +8,8 @@ export default plugin
 export { plugin as tollgate }
 export { decisionChannel } from './limiter.js'
 export { stateChannel, breakerChannel } from './guard.js'
-export { RateLimitedError, UnavailableError, BadRequestInputError, StoreError } from './errors.js'
+export { RateLimitedError, UnavailableError, BadRequestInputError } from './plugin-errors.js'
+export { StoreError } from './errors.js'
 export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
 } from './plugin-types.js'

@@ -31,11 +31,6 @@ export function clientId (id: string): string {
   return '#' + hash.digest('base64url').slice(0, 26)
 }
 
-/** `<prefix>:{<client>}:<bucket>`; the braces make the client a hash tag. */
-export function bucketKey (prefix: string, client: string, bucket: string): string {
-  return `${prefix}:{${clientId(client)}}:${bucket}`
-}
-
 /**
  * An IP address as a client identity: IPv4-mapped IPv6 (in any notation)
  * becomes plain IPv4,

@@ -13,14 +13,21 @@ import { RedisStore } from './redis-store.js'
 import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
 
-/** Internal entry of the Fastify layer: one cost per policy, already checked. */
-export const kDecide = Symbol('tollgate.decide')
-/** Internal: loads the scripts (on every master of a Cluster) ahead of the first decision. */
-export const kWarm = Symbol('tollgate.warm')
-
-export interface CoreLimiter extends Limiter {
-  [kDecide](clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
-  [kWarm](): Promise<void>
+/**
+ * What the request layer (lib/request.ts) uses of the core: the public
+ * limiter, and two entries that only the framework adapters need.
+ */
+export interface Core {
+  /** The public limiter (`createLimiter()`, `app.tollgate.limiter`). */
+  readonly limiter: Limiter
+  /**
+   * One decision with one cost per policy (undefined: each policy's own).
+   * Nothing is validated on this path: the policies were compiled and
+   * checked once per route, the costs checked per request.
+   */
+  decide(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+  /** Loads the scripts (on every master of a Cluster) ahead of the first decision. */
+  warm(): Promise<void>
 }
 
 /** Published for every decision: `{ key, decision }`. */
@@ -74,7 +81,12 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
  * in this process), decided atomically, with each policy's failure mode
  * applied when the store fails or misses its deadline.
  */
-export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
+export function createLimiter (options: LimiterOptions = {}): Limiter {
+  return createCore(options).limiter
+}
+
+/** The limiter and the adapters' entries to it, over one store. */
+export function createCore (options: LimiterOptions = {}): Core {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
   checkFields(input, LIMITER_CHECKS, '')
@@ -221,9 +233,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
     return summarize(localList, local.decideSync(localSpecs, consume), 'local')
   }
 
-  return {
-    [kDecide]: decide,
-    [kWarm]: async () => { await redis?.warm() },
+  const limiter: Limiter = {
     consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
     peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
     async reset (clientKey, bucket) {
@@ -246,6 +256,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       return guard?.state ?? 'healthy'
     }
   }
+  return { limiter, decide, warm: async () => { await redis?.warm() } }
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */

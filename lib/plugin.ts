@@ -27,16 +27,19 @@
 
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { BadRequestInputError, RateLimitedError, UnavailableError, describe, optionError } from './errors.js'
-import { PolicyHeaders, retrySeconds, setHeaders, type HeaderMode } from './headers.js'
-import { ipIdentity } from './keys.js'
-import { checkPolicy, createLimiter, kDecide, kWarm, type CoreLimiter } from './limiter.js'
+import { optionError } from './errors.js'
+import type { HeaderValue } from './headers.js'
+import { createCore } from './limiter.js'
+import { BadRequestInputError, RateLimitedError, UnavailableError } from './plugin-errors.js'
 import {
-  DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
-  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
+  DEFAULT_PREFIX, HOOKS, checkFields, isBoolean, isRecord, oneOf, warnings
 } from './options.js'
-import type { Policy } from './types.js'
-import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
+import { NO_ADDRESS, RequestLayer, answer, whenReady } from './request.js'
+import {
+  BASE_DIALECT, POLICY_CHECKS, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
+  type Defaults, type Dialect, type RouteLimit
+} from './route-limit.js'
+import type { TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
 /** On a route's config: `onRoute` saw the route, the gate has nothing to do. */
@@ -46,63 +49,34 @@ const kPending = Symbol('tollgate.pending')
 const START_WAIT_MS = 2000
 /** The bucket of 404s, unless the policy names one. */
 const NOT_FOUND = '404'
-/** The client identity of requests without an address. */
-const NO_ADDRESS = 'no-address'
 
-/** Options that may be set per route as well as for the plugin. */
-const ROUTE_CHECKS = {
-  capacity: positiveNumber,
-  refillPerSecond: positiveNumber,
-  cost,
-  failureMode: oneOf(FAILURE_MODES),
-  local: localPolicy,
-  key: isFunction,
-  bucket: nonEmptyString,
-  timeout: positiveNumber,
-  headers: oneOf(HEADER_MODES),
-  hook: oneOf(HOOKS),
-  allow: isFunction,
-  lease
+/** Fastify's route settings: the common ones, and where the check runs. */
+const FASTIFY: Dialect = {
+  checks: { ...POLICY_CHECKS, hook: oneOf(HOOKS) },
+  wide: ['key', 'headers', 'hook', 'allow'],
+  hint: BASE_DIALECT.hint
 }
 
 const PLUGIN_CHECKS = {
-  ...ROUTE_CHECKS,
-  redis: redisClient,
+  ...FASTIFY.checks,
+  ...STORE_CHECKS,
   global: isBoolean,
-  prefix: keyPrefix,
-  ipv6Subnet,
-  breaker,
-  denialCache,
   notFound: notFoundOption,
   warnings
 }
 
-/** Route-level settings: one per route, shared by all of its policies. */
-const ROUTE_WIDE = ['key', 'headers', 'hook', 'allow'] as const
-
-type CostFn = (request: FastifyRequest) => number | Promise<number>
-type KeyFn = (request: FastifyRequest) => string | Promise<string>
-type AllowFn = (request: FastifyRequest) => boolean | Promise<boolean>
-
 type Hook = (typeof HOOKS)[number]
 
-/** Everything a route's hook needs, resolved once when the route is added. */
-interface RouteLimit {
-  name: string
+/** A route's limit, and the hook its check runs in. */
+interface FastifyLimit extends RouteLimit<FastifyRequest> {
   hook: Hook
-  policies: Policy[]
-  costFns: Array<CostFn | undefined>
-  key: KeyFn | undefined
-  allow: AllowFn | undefined
-  headers: HeaderMode
-  policyHeaders: PolicyHeaders
 }
 
 /** The request, with the guard against checking it twice (kept off Fastify's public types). */
 type Checked = FastifyRequest & { [kChecked]?: boolean }
 
-type Check = (limit: RouteLimit, request: Checked, reply: FastifyReply) => Promise<void>
-type GateRequest = FastifyRequest & { [kPending]?: RouteLimit }
+type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply) => Promise<void>
+type GateRequest = FastifyRequest & { [kPending]?: FastifyLimit }
 type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
@@ -110,11 +84,10 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
   checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
-  const defaults = pick(options)
+  const defaults = pick(options, Object.keys(FASTIFY.checks))
   checkDefaults(defaults, '')
 
-  const subnet = options.ipv6Subnet ?? 56
-  const limiter = createLimiter({
+  const core = createCore({
     redis: options.redis,
     prefix: options.prefix ?? DEFAULT_PREFIX,
     timeout: options.timeout,
@@ -122,32 +95,17 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     denialCache: options.denialCache,
     logger: app.log
   })
+  const { limiter } = core
   const global = options.global ?? true
 
   if (options.redis === undefined) {
     app.log.warn('tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
-  } else {
-    const started = Date.now()
-    await waitReady(options.redis, START_WAIT_MS)
-    if (options.redis.status === 'ready') await within(limiter[kWarm](), START_WAIT_MS - (Date.now() - started))
-    else app.log.warn({ status: options.redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
+  } else if (!await whenReady(core, options.redis, START_WAIT_MS)) {
+    app.log.warn({ status: options.redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
   }
   const onIp = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(app)
 
-  const merged = new WeakMap<object, Policy>()
-  function programmatic (policy: ProgrammaticPolicy): Policy {
-    let core = merged.get(policy)
-    if (core === undefined) {
-      if (!isRecord(policy)) throw optionError('policy', policy, 'a policy object')
-      if (typeof policy.cost === 'function') throw optionError('policy.cost', policy.cost, 'a number (pass a computed cost as the third argument)')
-      for (const name of ROUTE_WIDE) {
-        if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
-      }
-      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
-      merged.set(policy, core)
-    }
-    return core
-  }
+  const programmatic = programmaticPolicies(defaults)
   const decorator: TollgateDecorator = {
     consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
@@ -158,7 +116,12 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
 
-  const check = checker(limiter, subnet, app, onIp)
+  const check = checker(new RequestLayer(core, options.ipv6Subnet ?? 56, {
+    ip: (request) => request.ip,
+    onAddress: onIp,
+    noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
+    badInput: (route, detail) => new BadRequestInputError(route, detail)
+  }))
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -173,8 +136,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   })
 
   // The gate: routes onRoute did not see, and 404s (see the top of this file).
-  const late = new WeakMap<object, RouteLimit | null | Error>()
-  function unseen (request: FastifyRequest): RouteLimit | null {
+  const late = new WeakMap<object, FastifyLimit | null | Error>()
+  function unseen (request: FastifyRequest): FastifyLimit | null {
     if (request.is404) return notFound
     const config = request.routeOptions.config as RouteConfig
     if (config[kSeen] === true) return null
@@ -211,6 +174,12 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   })
 }
 
+/** A route's limit for Fastify: the common one, with its hook. */
+function compileFastify (name: string, config: unknown, defaults: Defaults, where?: string, listWhere?: string): FastifyLimit {
+  const limit = compileRoute<FastifyRequest>(name, config, defaults, FASTIFY, where, listWhere)
+  return { ...limit, hook: (routeWide(config, defaults, 'hook') ?? 'onRequest') as Hook }
+}
+
 /**
  * Compiles a route's limit from its method, URL and `config.rateLimit`
  * (null: not limited). The HEAD route Fastify adds for a route with GET
@@ -218,15 +187,15 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
  * its GET route was seen is named `GET <url>`: right unless that route has
  * several methods.)
  */
-function routeLimits (defaults: RoutePolicy, global: boolean) {
+function routeLimits (defaults: Defaults, global: boolean) {
   const getRoutes = new Map<string, string>()
-  return function limitOf (method: string | string[], url: string, config: unknown): RouteLimit | null {
+  return function limitOf (method: string | string[], url: string, config: unknown): FastifyLimit | null {
     if (config === false) return null
     if (config === undefined && !global) return null
     let name = routeName(method, url)
     if (method === 'HEAD') name = getRoutes.get(url) ?? name
     else if (name.startsWith('GET') || name.includes(',GET')) getRoutes.set(url, name)
-    return compileRoute(name, config, defaults)
+    return compileFastify(name, config, defaults)
   }
 }
 
@@ -235,14 +204,14 @@ function routeLimits (defaults: RoutePolicy, global: boolean) {
  * limited). Unset, it follows `global`, and says so when the plugin's
  * options are no complete policy (every route sets its own).
  */
-function notFoundLimit (option: TollgateOptions['notFound'], global: boolean, defaults: RoutePolicy, app: FastifyInstance): RouteLimit | null {
+function notFoundLimit (option: TollgateOptions['notFound'], global: boolean, defaults: Defaults, app: FastifyInstance): FastifyLimit | null {
   if (option === undefined && global && (defaults.capacity === undefined || defaults.refillPerSecond === undefined)) {
     app.log.warn('tollgate: 404s are not limited: the plugin options set no `capacity` and `refillPerSecond` for them; set `notFound: { capacity, refillPerSecond }`, or `notFound: false` to say so')
     return null
   }
   const value = option ?? global
   if (value === false) return null
-  return compileRoute(NOT_FOUND, value === true ? undefined : value, defaults, 'notFound.', 'notFound')
+  return compileFastify(NOT_FOUND, value === true ? undefined : value, defaults, 'notFound.', 'notFound')
 }
 
 function notFoundOption (value: unknown, name: string): void {
@@ -251,70 +220,27 @@ function notFoundOption (value: unknown, name: string): void {
 }
 
 /** The route-level hook: the check with the route's limit in a closure. */
-function routeHook (limit: RouteLimit, check: Check) {
+function routeHook (limit: FastifyLimit, check: Check) {
   return function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
     return check(limit, request, reply)
   }
 }
 
-/** The check: identity, cost, one store decision, headers, 429 or 503. */
-function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance, onIp: ((request: FastifyRequest) => void) | undefined): Check {
-  let warned = false
-  function address (request: FastifyRequest): string {
-    const ip: string | undefined = request.ip
-    if (ip !== undefined && ip !== '') return ipIdentity(ip, subnet)
-    if (!warned) {
-      warned = true
-      app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`)
-    }
-    return NO_ADDRESS
-  }
+function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void {
+  reply.header(name, value)
+}
 
+/** The check: once per request, the layer's decision, headers, then 429 or 503 as Fastify errors. */
+function checker (layer: RequestLayer<FastifyRequest>): Check {
   return async function check (limit, request, reply) {
     if (request[kChecked] === true) return
     request[kChecked] = true
-    if (limit.allow !== undefined) {
-      let skip = run(limit, 'allow', limit.allow, request)
-      if (skip instanceof Promise) skip = await skip
-      if (skip === true) return
-    }
-
-    let client: unknown
-    if (limit.key === undefined) {
-      onIp?.(request)
-      client = address(request)
-    } else {
-      client = run(limit, 'key', limit.key, request)
-      if (client instanceof Promise) client = await client
-      if (typeof client !== 'string' || client.length === 0) {
-        throw new BadRequestInputError(limit.name, `\`key\` must return a non-empty string, got ${describe(client)}`)
-      }
-    }
-
-    let costs: number[] | undefined
-    for (let i = 0; i < limit.costFns.length; i++) {
-      const fn = limit.costFns[i]
-      if (fn === undefined) continue
-      const policy = limit.policies[i] as Policy
-      let value: unknown = run(limit, 'cost', fn, request)
-      if (value instanceof Promise) value = await value
-      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > policy.capacity) {
-        throw new BadRequestInputError(limit.name, `\`cost\` must return a finite number > 0 and <= capacity (${policy.capacity}), got ${describe(value)}`)
-      }
-      costs ??= limit.policies.map((p) => p.cost ?? 1)
-      costs[i] = value
-    }
-
-    const decision = await limiter[kDecide](client as string, limit.policies, costs, true)
+    const decision = await layer.decide(limit, request)
+    if (decision === undefined) return
     request.rateLimit = decision
-    if (decision.source === 'fail-open') return
-    if (decision.source === 'fail-closed') {
-      const seconds = retrySeconds(decision.retryAfterMs)
-      reply.header('retry-after', seconds)
-      throw new UnavailableError(seconds)
-    }
-    setHeaders(reply, limit.headers, decision, limit.policyHeaders)
-    if (!decision.allowed) throw new RateLimitedError(retrySeconds(decision.retryAfterMs))
+    const denial = answer(limit, decision, reply, setHeader)
+    if (denial === undefined) return
+    throw denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
   }
 }
 
@@ -339,151 +265,6 @@ function alreadyRegistered (): Error {
   const err = new Error('tollgate is already registered in this encapsulation context or in a parent of it: register it once, where its routes are (sibling contexts may each have their own); set per-route limits with config.rateLimit and other limits with app.tollgate')
   Object.defineProperty(err, 'code', { value: 'TOLLGATE_ALREADY_REGISTERED', enumerable: true })
   return err
-}
-
-/**
- * Runs a user function of the route; its failure becomes a 500 that names
- * the route. A synchronous result is returned as it is, so the common
- * synchronous `key` costs no extra promise.
- */
-function run<T> (limit: RouteLimit, what: string, fn: (request: FastifyRequest) => T | Promise<T>, request: FastifyRequest): T | Promise<T> {
-  let out: T | Promise<T>
-  try {
-    out = fn(request)
-  } catch (cause) {
-    throw failed(limit, what, cause)
-  }
-  if (out instanceof Promise) return out.catch((cause: unknown) => { throw failed(limit, what, cause) })
-  return out
-}
-
-function failed (limit: RouteLimit, what: string, cause: unknown): Error {
-  const err = new BadRequestInputError(limit.name, `\`${what}\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
-  err.cause = cause
-  return err
-}
-
-/** Resolves a route's `config.rateLimit` (object, array or undefined) over the plugin's defaults. */
-function compileRoute (name: string, config: unknown, defaults: RoutePolicy, where = `config.rateLimit of ${name}: `, listWhere = where): RouteLimit {
-  const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
-  if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')
-  const policies: Policy[] = []
-  const costFns: Array<CostFn | undefined> = []
-  const buckets = new Set<string>()
-  for (let i = 0; i < list.length; i++) {
-    const entry = list[i]
-    const at = list.length === 1 ? where : `${listWhere}[${i}].`
-    if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
-    checkFields(entry, ROUTE_CHECKS, at)
-    if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
-    const base = defaults.bucket ?? name
-    const merged: RoutePolicy = { ...defaults, ...entry }
-    if (list.length > 1) delete merged.lease
-    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at)
-    if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
-    buckets.add(policy.bucket)
-    const spend = entry.cost ?? defaults.cost
-    costFns.push(typeof spend === 'function' ? spend as CostFn : undefined)
-    policies.push(policy)
-  }
-  for (const field of ROUTE_WIDE) {
-    const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
-    if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], `the same in every policy of the route (it is one per route)`)
-  }
-  const headers = (findWide(config, 'headers') ?? defaults.headers ?? 'draft-6') as HeaderMode
-  return {
-    name,
-    hook: (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as Hook,
-    policies,
-    costFns,
-    key: (findWide(config, 'key') ?? defaults.key) as KeyFn | undefined,
-    allow: (findWide(config, 'allow') ?? defaults.allow) as AllowFn | undefined,
-    headers,
-    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
-  }
-}
-
-/** A merged route or programmatic policy as the core's Policy; names the missing field. */
-function toPolicy (merged: RoutePolicy, bucket: string, where: string): Policy {
-  for (const name of ['capacity', 'refillPerSecond'] as const) {
-    if (merged[name] === undefined) throw optionError(where + name, undefined, 'a finite number > 0 (set it on the plugin or the route)')
-  }
-  const policy: Policy = {
-    bucket,
-    capacity: merged.capacity as number,
-    refillPerSecond: merged.refillPerSecond as number,
-    failureMode: merged.failureMode as Policy['failureMode']
-  }
-  if (typeof merged.cost === 'number') policy.cost = merged.cost
-  if (merged.local !== undefined) policy.local = merged.local
-  if (merged.timeout !== undefined) policy.timeout = merged.timeout
-  if (merged.lease !== undefined) policy.lease = merged.lease
-  checkPolicy(policy, where)
-  return policy
-}
-
-/** Checks the plugin-level defaults that are checkable before any route merges over them. */
-function checkDefaults (defaults: RoutePolicy, where: string): void {
-  if (typeof defaults.cost === 'number' && defaults.capacity !== undefined && defaults.cost > defaults.capacity) {
-    throw optionError(where + 'cost', defaults.cost, `at most capacity (${defaults.capacity})`)
-  }
-  if (defaults.lease !== undefined && defaults.capacity !== undefined && defaults.lease.tokens > defaults.capacity) {
-    throw optionError(where + 'lease.tokens', defaults.lease.tokens, `at most capacity (${defaults.capacity})`)
-  }
-  if (defaults.failureMode === 'local' && defaults.local === undefined) {
-    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
-  }
-}
-
-function pick (options: TollgateOptions): RoutePolicy {
-  const out: Record<string, unknown> = {}
-  for (const name of Object.keys(ROUTE_CHECKS)) {
-    const value = (options as unknown as Record<string, unknown>)[name]
-    if (value !== undefined) out[name] = value
-  }
-  return out as RoutePolicy
-}
-
-function findWide (config: unknown, field: (typeof ROUTE_WIDE)[number]): unknown {
-  const list: unknown[] = Array.isArray(config) ? config : [config]
-  for (const entry of list) {
-    if (isRecord(entry) && entry[field] !== undefined) return entry[field]
-  }
-  return undefined
-}
-
-/** `GET /users/:id`: the route pattern, never the raw URL; HEAD spends from GET's bucket. */
-function routeName (method: string | string[], url: string): string {
-  const methods = (Array.isArray(method) ? [...method] : [method]).map((m) => m === 'HEAD' ? 'GET' : m)
-  return `${[...new Set(methods)].sort().join(',')} ${url}`
-}
-
-/**
- * Waits, up to `ms`, for the client to be connected, so that the first
- * requests after `listen` are decided by Redis (then, within the same
- * budget, the scripts are loaded on every master). A client created with
- * `lazyConnect` is asked to connect, since the limiter sends nothing to a
- * client that is not connected.
- */
-async function waitReady (redis: NonNullable<TollgateOptions['redis']>, ms: number): Promise<void> {
-  if (redis.status === 'ready') return
-  if (redis.status === 'wait') redis.connect().catch(() => {})
-  await new Promise<void>((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer)
-      redis.off('ready', done)
-      resolve()
-    }
-    const timer = setTimeout(done, ms)
-    redis.on('ready', done)
-  })
-}
-
-/** Waits for `promise` at most `ms` (never rejects). */
-async function within (promise: Promise<void>, ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined
-  await Promise.race([promise, new Promise<void>((resolve) => { timer = setTimeout(resolve, Math.max(0, ms)) })])
-  clearTimeout(timer)
 }
 
 export default fp(tollgate, { fastify: '5.x', name: 'tollgate' })

@@ -5,7 +5,7 @@
 
 import { createHash, randomInt } from 'node:crypto'
 import t from 'tap'
-import { bucketKey, clientId, ipIdentity } from '../lib/keys.js'
+import { clientId, ipIdentity } from '../lib/keys.js'
 import { buildApp } from './helpers/app.js'
 import { randomSource } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
@@ -266,11 +266,6 @@ t.test('lib/keys.ts', async (t) => {
     t.comment(`${ids.size} distinct ids, ${byPart.size} distinct client parts`)
     t.same(clashes.slice(0, 5), [], `no two distinct ids share a client part (${clashes.length} clashes)`)
     t.ok(ids.size > 5000, `enough distinct ids (${ids.size})`)
-  })
-
-  t.test('bucketKey', async (t) => {
-    t.equal(bucketKey('tg', 'user-1', 'GET /x'), 'tg:{user-1}:GET /x')
-    t.match(bucketKey('tg', '}{', 'b'), /^tg:\{#[A-Za-z0-9_-]{26}\}:b$/)
   })
 
   t.test('ipIdentity', async (t) => {

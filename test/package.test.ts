@@ -7,8 +7,9 @@
 //   strict, exactOptionalPropertyTypes and skipLibCheck false, and mistyped
 //   policies do not (each marked line fails, and only those);
 // - with ioredis removed, the published types still compile;
-// - CommonJS `require('tollgate')` works, and the plugin decides a request
-//   on a real Redis through the installed ioredis.
+// - CommonJS `require('tollgate')` and `require('tollgate/express')` work,
+//   and the plugin and the Express middleware each decide a request on a
+//   real Redis through the installed ioredis (with express@5 installed).
 // It needs the npm registry the first time; later runs install from the npm
 // cache (--prefer-offline). Timings of both are in the README's test section.
 
@@ -35,6 +36,8 @@ const MARKER = '// @ts-expect-error'
 const USAGE = `import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate, { createLimiter, routePolicy, type Decision, type ProgrammaticPolicy, type RoutePolicy } from 'tollgate'
+import express from 'express'
+import { rateLimit } from 'tollgate/express'
 
 const app = Fastify()
 const redis = new Redis('redis://127.0.0.1:6379', { lazyConnect: true })
@@ -47,6 +50,8 @@ const login = { bucket: 'login', capacity: 5, failureMode: 'closed' } satisfies 
 const decision: Decision = await app.tollgate.consume('alice', login)
 const limiter = createLimiter()
 await limiter.close()
+const limit = rateLimit({ redis, capacity: 10, refillPerSecond: 1, failureMode: 'open' })
+express().get('/x', limit({ capacity: 5 }), (req, res) => { res.json(req.rateLimit?.remaining) })
 export { decision }
 `
 
@@ -119,7 +124,29 @@ const CJS = `const tollgate = require('tollgate')
 if (typeof tollgate.default !== 'function' || typeof tollgate.createLimiter !== 'function' || typeof tollgate.routePolicy !== 'function') {
   throw new Error('require(tollgate) lacks its exports: ' + Object.keys(tollgate).join(', '))
 }
+const { rateLimit } = require('tollgate/express')
+if (typeof rateLimit !== 'function') throw new Error('require(tollgate/express) lacks rateLimit')
 console.log('cjs ok')
+`
+
+/** Runs the packed Express middleware with the installed express@5 and ioredis against a real Redis. */
+const EXPRESS_SMOKE = `import express from 'express'
+import { Redis } from 'ioredis'
+import { rateLimit } from 'tollgate/express'
+
+const redis = new Redis(process.env.REDIS_URL)
+const limit = rateLimit({ redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed' })
+const app = express()
+app.get('/', limit(), (req, res) => { res.json(req.rateLimit) })
+const server = app.listen(0, '127.0.0.1', async () => {
+  const url = 'http://127.0.0.1:' + server.address().port + '/'
+  const first = await fetch(url)
+  const second = await fetch(url)
+  console.log(JSON.stringify({ first: first.status, source: (await first.json()).source, second: second.status }))
+  server.close()
+  await limit.close()
+  await redis.quit()
+})
 `
 
 interface Project { dir: string, newest: string, tarball: string, files: string[], installLog: string, seconds: { pack: number, install: number } }
@@ -146,7 +173,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', ioredis: `^${newest}`, '@types/node': '^20' }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^20' }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -193,15 +220,16 @@ t.comment(`npm pack (with its build): ${project.seconds.pack.toFixed(1)} s; npm 
 t.test('the tarball: a LICENSE, the built files, no source maps, no prepare script', async (t) => {
   t.ok(project.files.includes('LICENSE'), 'LICENSE')
   t.ok(project.files.includes('dist/index.js') && project.files.includes('dist/index.d.ts'), 'dist/index.js and .d.ts')
+  t.ok(project.files.includes('dist/express.js') && project.files.includes('dist/express.d.ts'), 'dist/express.js and .d.ts')
   t.ok(project.files.includes('lua/token-bucket.lua'), 'the scripts')
   t.same(project.files.filter((f) => f.endsWith('.map')), [], 'no source maps (they would point at lib/, which is not shipped)')
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['fastify', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['express', 'fastify', 'ioredis'])
 })
 
-t.test('installs next to fastify@5 and the newest ioredis without a peer warning', async (t) => {
+t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {
   t.notMatch(project.installLog, /ERESOLVE|peer dep|conflicting peer|invalid peer/i, 'no peer warning', { log: project.installLog })
   const ioredis = JSON.parse(await readFile(join(project.dir, 'node_modules', 'ioredis', 'package.json'), 'utf8')) as { version: string }
   t.equal(ioredis.version, project.newest, `ioredis ${ioredis.version} installed, the newest`)
@@ -240,4 +268,7 @@ t.test('require() from CommonJS, and a request decided on Redis through the inst
   const env = { ...process.env, REDIS_URL: await redisUrl(t), PREFIX: `package-${process.pid}-${Date.now()}` }
   const { stdout } = await run('node', ['smoke.mjs'], { cwd: project.dir, env })
   t.same(JSON.parse(stdout), { first: 200, source: 'store', second: 429 })
+  await writeFile(join(project.dir, 'express-smoke.mjs'), EXPRESS_SMOKE)
+  const viaExpress = await run('node', ['express-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-express` } })
+  t.same(JSON.parse(viaExpress.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/express')
 })

@@ -33,7 +33,7 @@ function describe (d: ts.Diagnostic, snippets: Map<string, Snippet>): string {
 /** Diagnostics of the snippet files, compiled in memory next to the tests so packages resolve as in the repo. */
 function compileSnippets (snippets: readonly Snippet[]): string[] {
   const converted = ts.convertCompilerOptionsFromJson(STRICT_OPTIONS, ROOT)
-  const options: ts.CompilerOptions = { ...converted.options, paths: { tollgate: [join(ROOT, 'lib', 'index.ts')] } }
+  const options: ts.CompilerOptions = { ...converted.options, paths: { tollgate: [join(ROOT, 'lib', 'index.ts')], 'tollgate/express': [join(ROOT, 'lib', 'express.ts')] } }
   const files = new Map<string, string>([[PRELUDE_FILE, PRELUDE]])
   const byFile = new Map<string, Snippet>()
   for (const snippet of snippets) {
@@ -66,7 +66,8 @@ async function runSnippet (snippet: Snippet, url: string): Promise<{ code: numbe
   await mkdir(dir, { recursive: true })
   const file = join(dir, snippet.name)
   const lib = relative(dir, join(ROOT, 'lib', 'index.js')).split('\\').join('/')
-  await writeFile(file, snippet.code.replace(/from 'tollgate'/g, `from '${lib}'`))
+  const express = relative(dir, join(ROOT, 'lib', 'express.js')).split('\\').join('/')
+  await writeFile(file, snippet.code.replace(/from 'tollgate'/g, `from '${lib}'`).replace(/from 'tollgate\/express'/g, `from '${express}'`))
   try {
     return await new Promise((resolve) => {
       const child = fork(file, { execArgv: process.execArgv, env: { ...process.env, REDIS_URL: url }, stdio: 'pipe' })

@@ -10,7 +10,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
-import { bucketKey } from '../lib/keys.js'
+import { clientId } from '../lib/keys.js'
 import { checkPolicy, createLimiter } from '../lib/limiter.js'
 import { MAX_CAPACITY, MIN_REFILL } from '../lib/options.js'
 import { RedisStore } from '../lib/redis-store.js'
@@ -366,7 +366,7 @@ t.test('a step back of Redis\'s clock costs at most one window, not the size of 
   const policy = { bucket: 'api', capacity: 10, refillPerSecond: 1, failureMode: 'closed' } as const
   const windowMs = 10_000
   const stepBack = async (client: string, bucket: string): Promise<string> => {
-    const key = bucketKey(prefix, client, bucket)
+    const key = `${prefix}:{${clientId(client)}}:${bucket}`
     await redis.set(key, String(await redisMicros(redis) + HOUR_US), 'PX', 2 * 3600e3)
     return key
   }

@@ -1,6 +1,6 @@
 // One app server of a fleet, in its own process: Fastify, the tollgate
 // plugin and its own ioredis client (Redis or Cluster), once per configured
-// store. Started by test/helpers/fleet.ts with fork(); configured by the
+// store; or, with `framework: 'express'`, Express and tollgate/express. Started by test/helpers/fleet.ts with fork(); configured by the
 // JSON in TOLLGATE_FLEET (a FleetServerConfig). Reports `{ port }` over IPC once it
 // listens, stops on the 'stop' message, and exits if its parent goes away.
 //
@@ -11,8 +11,11 @@
 //                     decision's source
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
+import type { Server } from 'node:http'
+import express from 'express'
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
+import { rateLimit } from '../../lib/express.js'
 import tollgate from '../../lib/index.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
@@ -47,44 +50,88 @@ function shiftClock (ms: number): void {
   performance.now = () => realPerf() + ms
 }
 
-const app = Fastify()
 const clients: RedisClient[] = []
-for (const [label, store] of Object.entries(config.stores)) {
+function client (store: FleetServerConfig['stores'][string]): RedisClient {
   const redis: RedisClient = store.cluster === undefined
     ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
     : new Cluster(store.cluster, store.clusterOptions ?? {})
   redis.on('error', () => {})
   if (store.trustAppClock === true) trustAppClock(redis, LUA)
   clients.push(redis)
-  await app.register(async (scope) => {
-    await scope.register(tollgate, {
-      redis,
+  return redis
+}
+
+const { port, close } = config.framework === 'express' ? await expressApp(config) : await fastifyApp(config)
+
+async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const app = Fastify()
+  for (const [label, store] of Object.entries(config.stores)) {
+    const redis = client(store)
+    await app.register(async (scope) => {
+      await scope.register(tollgate, {
+        redis,
+        prefix: config.prefix,
+        capacity: config.capacity,
+        refillPerSecond: config.refillPerSecond,
+        failureMode: config.failureMode,
+        timeout: config.timeout,
+        global: false,
+        key: (request) => {
+          const client = request.headers['x-client']
+          return typeof client === 'string' ? client : 'fleet'
+        }
+      })
+      scope.get('/hit', { config: { rateLimit: { bucket: config.bucket } } }, async (request) => ({
+        server: config.name,
+        source: request.rateLimit?.source
+      }))
+    }, { prefix: `/${label}` })
+  }
+  app.get('/clock', async () => ({ now: Date.now(), perf: performance.now() }))
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const address = app.server.address()
+  return { port: typeof address === 'object' && address !== null ? address.port : 0, close: async () => { await app.close() } }
+}
+
+async function expressApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const app = express()
+  const limits: Array<ReturnType<typeof rateLimit>> = []
+  for (const [label, store] of Object.entries(config.stores)) {
+    const limit = rateLimit({
+      redis: client(store),
       prefix: config.prefix,
       capacity: config.capacity,
       refillPerSecond: config.refillPerSecond,
       failureMode: config.failureMode,
       timeout: config.timeout,
-      global: false,
-      key: (request) => {
-        const client = request.headers['x-client']
+      key: (req) => {
+        const client = req.headers['x-client']
         return typeof client === 'string' ? client : 'fleet'
       }
     })
-    scope.get('/hit', { config: { rateLimit: { bucket: config.bucket } } }, async (request) => ({
-      server: config.name,
-      source: request.rateLimit?.source
-    }))
-  }, { prefix: `/${label}` })
+    limits.push(limit)
+    await limit.ready
+    app.get(`/${label}/hit`, limit({ bucket: config.bucket }), (req, res) => {
+      res.json({ server: config.name, source: req.rateLimit?.source })
+    })
+  }
+  app.get('/clock', (_req, res) => { res.json({ now: Date.now(), perf: performance.now() }) })
+  const server: Server = await new Promise((resolve) => { const s = app.listen(0, '127.0.0.1', () => resolve(s)) })
+  const address = server.address()
+  return {
+    port: typeof address === 'object' && address !== null ? address.port : 0,
+    close: async () => {
+      server.closeAllConnections()
+      await new Promise((resolve) => server.close(resolve))
+      for (const limit of limits) await limit.close()
+    }
+  }
 }
-app.get('/clock', async () => ({ now: Date.now(), perf: performance.now() }))
-await app.listen({ host: '127.0.0.1', port: 0 })
-const address = app.server.address()
-const port = typeof address === 'object' && address !== null ? address.port : 0
 
 let stopping: Promise<void> | undefined
 function stop (): Promise<void> {
   stopping ??= (async () => {
-    await app.close()
+    await close()
     for (const redis of clients) redis.disconnect()
     process.disconnect?.()
   })()

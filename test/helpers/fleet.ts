@@ -41,6 +41,8 @@ export interface FleetServerConfig {
   timeout: number
   /** moves Date and performance.now this many ms ahead in the server process */
   clockSkewMs?: number
+  /** the app: Fastify with the plugin (default) or Express with tollgate/express */
+  framework?: 'fastify' | 'express'
 }
 
 export interface Reply {

@@ -4,7 +4,9 @@
 // an error); test/types.test.ts also compiles it with the markers disarmed
 // and checks that exactly the marked lines fail. Never executed.
 
+import type { Request } from 'express'
 import type { FastifyInstance } from 'fastify'
+import { rateLimit } from '../../lib/express.js'
 import tollgate, { createLimiter, routePolicy, type ProgrammaticPolicy, type RoutePolicy } from '../../lib/index.js'
 
 export async function invalidUsage (app: FastifyInstance): Promise<void> {
@@ -121,4 +123,27 @@ export async function invalidUsage (app: FastifyInstance): Promise<void> {
   await limiter.consume('k', { bucket: 'b', capacity: 1, refillPerSecond: 1 })
   // @ts-expect-error no such failure mode
   await limiter.consume('k', { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'retry' })
+}
+
+export async function invalidExpressUsage (req: Request): Promise<void> {
+  // @ts-expect-error failureMode is required
+  rateLimit({ capacity: 5 })
+  // @ts-expect-error an option of express-rate-limit
+  rateLimit({ failureMode: 'open', windowMs: 60_000 })
+  const limit = rateLimit({ failureMode: 'open', capacity: 5, refillPerSecond: 1 })
+  // @ts-expect-error an unknown option of limit()
+  limit({ max: 5 })
+  // @ts-expect-error Fastify's hook is no Express option
+  limit({ hook: 'preHandler' })
+  // @ts-expect-error a mistyped field
+  limit({ capacity: '5' })
+  // @ts-expect-error a mistyped field in an array of policies
+  limit([{ capacity: 5 }, { refillPerSecond: '1' }])
+  // @ts-expect-error not a policy
+  limit('yes')
+  // @ts-expect-error a programmatic policy takes no key
+  await limit.consume('alice', { bucket: 'login', key: () => 'x' })
+  // @ts-expect-error req.rateLimit is a Decision
+  const remaining: number | undefined = req.rateLimit
+  void remaining
 }

@@ -3,9 +3,11 @@
 // It is never executed (it only exports a function).
 
 import diagnostics from 'node:diagnostics_channel'
+import express from 'express'
 import Fastify, { type FastifyRequest } from 'fastify'
 import { Cluster, Redis } from 'ioredis'
 import { Cluster as Cluster6, Redis as Redis6 } from 'ioredis6'
+import { RateLimitError, rateLimit, type ExpressPolicy, type RateLimit } from '../../lib/express.js'
 import tollgate, {
   createLimiter,
   routePolicy,
@@ -144,4 +146,36 @@ export async function validUsage (): Promise<void> {
   void one
   void many
   void exportLimit
+}
+
+/** tollgate/express: options, middleware, req.rateLimit, a handler, the programmatic API. */
+export async function expressUsage (): Promise<void> {
+  const limit: RateLimit = rateLimit({
+    redis: new Redis(),
+    capacity: 100,
+    refillPerSecond: 10,
+    failureMode: 'open',
+    handler: (_req, res, next, err: RateLimitError) => {
+      if (err.status === 503) next(err)
+      else res.status(err.status).set(err.headers).json({ retryAfter: err.retryAfter, bucket: err.decision.bucket })
+    }
+  })
+  const app = express()
+  app.use(limit({ bucket: 'site', capacity: 1000, refillPerSecond: 100 }))
+  app.get('/search', limit({ capacity: 20, refillPerSecond: 2, key: (req) => req.get('x-user') ?? req.ip ?? 'anonymous' }), (req, res) => {
+    const decision: Decision | undefined = req.rateLimit
+    res.json({ remaining: decision?.remaining })
+  })
+  app.get('/users/:id', limit(), (_req, res) => { res.end() })
+  app.post('/pay', limit([{ capacity: 5, refillPerSecond: 1 }, { capacity: 100, refillPerSecond: 100 / 3600, failureMode: 'closed' }]), (_req, res) => { res.end() })
+  const costly: ExpressPolicy = { cost: async (req) => Number(req.query.n), allow: (req) => req.path === '/health', headers: 'draft-10' }
+  app.get('/costly', limit(costly), (_req, res) => { res.end() })
+  app.get('/orgs/:org', limit({ key: (req: express.Request<{ org: string }>) => req.params.org }), (_req, res) => { res.end() })
+  const decision: Decision = await limit.consume('alice', { bucket: 'login', capacity: 5 }, 2)
+  await limit.peek('alice', { bucket: 'login' })
+  await limit.reset('alice', 'login')
+  await limit.ready
+  void limit.limiter.state
+  await limit.close()
+  void decision
 }

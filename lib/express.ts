@@ -1,0 +1,362 @@
+// `tollgate/express`: the Fastify plugin's limits as Express middleware,
+// for Express 5 and 4, on the same core (lib/request.ts), so the same
+// options, Redis keys, headers and bodies.
+//
+// Buckets. Inside a route, a middleware's bucket is `<METHOD> <mount path +
+// route pattern>` (`GET /users/:id`), read from `req.baseUrl` and
+// `req.route.path` on the request, since a middleware does not know where
+// it will be mounted; the limit of each name is compiled on its first
+// request and kept. `req.baseUrl` is the mounted path as matched: a router
+// mounted on a path with parameters (`/orgs/:org`) shows their values, so
+// that such a middleware would make one bucket per value; after
+// MAX_NAMES names it refuses (a 500 asking for a `bucket`) rather than let
+// clients create buckets at will. Outside a route (`app.use`, `router.use`)
+// there is no pattern: the policy must name its `bucket`, and a policy that
+// names one is compiled once, when `limit()` is called.
+//
+// One bucket, one policy: every policy a `rateLimit()` instance compiles is
+// registered by bucket name, and a second policy with the same bucket but
+// another capacity or rate is refused, at `limit()` time when the bucket is
+// named there, else on the first request (a 500 naming both). Two
+// instances, or a Fastify server, naming the same bucket are not seen: the
+// bucket then follows whichever capacity each call sends, as in Fastify.
+//
+// Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
+// registration (for the client to be ready and the scripts loaded, bounded)
+// starts there, and requests that arrive before it ends wait for it.
+
+import type { NextFunction, Request, RequestHandler, Response } from 'express'
+import { optionError } from './errors.js'
+import type { HeaderValue } from './headers.js'
+import { createCore } from './limiter.js'
+import { DEFAULT_PREFIX, checkFields, isFunction, isRecord, warnings } from './options.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
+import {
+  POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
+  type Defaults, type Dialect, type RouteLimit
+} from './route-limit.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Logger, RedisClient } from './types.js'
+
+const START_WAIT_MS = 2000
+/** Distinct route names one middleware compiles before it refuses (see the top of this file). */
+export const MAX_NAMES = 1000
+
+/**
+ * A `cost` function. The functions of a policy are declared as methods, so
+ * that their parameter is checked bivariantly: a function written for a
+ * route's own `Request<Params>` fits.
+ */
+export type ExpressCostFunction = {
+  cost (req: Request): number | Promise<number>
+}['cost']
+
+/** A limit as `rateLimit()` and `limit()` take it; `limit()`'s values merge over `rateLimit()`'s. */
+export interface ExpressPolicy {
+  /** Largest burst, in tokens. */
+  capacity?: number | undefined
+  /** Tokens added per second. */
+  refillPerSecond?: number | undefined
+  /** Tokens this request costs (default 1); a function may read the request. */
+  cost?: number | ExpressCostFunction | undefined
+  /** What the limit does when the store fails or misses its deadline. */
+  failureMode?: FailureMode | undefined
+  /** The in-process limit used by failureMode 'local'. */
+  local?: LocalPolicy | undefined
+  /** Client identity (default: `req.ip`, IPv6 reduced to its subnet). */
+  key?(req: Request): string | Promise<string>
+  /** Bucket name: required outside a route; default `<METHOD> <route pattern>`. */
+  bucket?: string | undefined
+  /** Deadline for one store decision, ms (default 10). */
+  timeout?: number | undefined
+  /** Which rate-limit headers to send (default 'draft-6'). */
+  headers?: 'draft-6' | 'draft-10' | 'legacy' | false | undefined
+  /** Requests for which it returns true skip the limiter. */
+  allow?(req: Request): boolean | Promise<boolean>
+  /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
+  lease?: { tokens: number, maxAgeMs: number } | undefined
+}
+
+/** The error a denied request carries to `handler` (and, from there, to `next`). */
+export class RateLimitError extends Error {
+  /** 429, or 503 when a limit with failureMode 'closed' cannot reach the store. */
+  readonly status: 429 | 503
+  readonly statusCode: 429 | 503
+  readonly code: Denial['code']
+  /** Safe to show the client (Express's error handler then sends `message`). */
+  readonly expose = true
+  /** Headers for Express's error handler: `Retry-After` (already set on the response too). */
+  readonly headers: { 'Retry-After': string }
+  /** Seconds until a retry may pass. */
+  readonly retryAfter: number
+  /** The decision, also on `req.rateLimit`. */
+  readonly decision: Decision
+  /** The JSON body tollgate sends when there is no handler. */
+  readonly body: string
+
+  constructor (denial: Denial, decision: Decision) {
+    super(denial.message)
+    this.name = 'RateLimitError'
+    this.status = denial.statusCode
+    this.statusCode = denial.statusCode
+    this.code = denial.code
+    this.headers = { 'Retry-After': String(denial.retryAfter) }
+    this.retryAfter = denial.retryAfter
+    this.decision = decision
+    this.body = denialBody(denial)
+  }
+}
+
+/** Answers a denied request instead of tollgate: `(req, res, next, err) => next(err)` hands it to Express's error handler. */
+export type DeniedHandler = (req: Request, res: Response, next: NextFunction, error: RateLimitError) => void
+
+/** The options of `rateLimit()`. */
+export interface ExpressOptions extends ExpressPolicy {
+  /** Shared store, an ioredis Redis or Cluster; omitted, an in-process store. Never closed. */
+  redis?: RedisClient | undefined
+  /** Required: there is deliberately no default. */
+  failureMode: FailureMode
+  /** Redis key prefix (default 'tollgate'). */
+  prefix?: string | undefined
+  /** IPv6 clients are keyed by this prefix length (default 56). */
+  ipv6Subnet?: number | undefined
+  /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */
+  breaker?: Partial<BreakerOptions> | undefined
+  /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
+  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
+  handler?: DeniedHandler | undefined
+  /** Where warnings and store state changes go (default: the console). */
+  logger?: Logger | undefined
+  /** Configuration warnings (default on): `proxy`, a forwarding header while Express trusts no proxy. */
+  warnings?: { proxy?: boolean | undefined } | false | undefined
+}
+
+/** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
+export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers'> {
+  bucket: string
+  cost?: number | undefined
+}
+
+/** What `rateLimit()` returns: a function making middleware, and the programmatic API. */
+export interface RateLimit {
+  (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler
+  consume (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Decision>
+  peek (clientKey: string, policy: ExpressProgrammaticPolicy): Promise<Decision>
+  reset (clientKey: string, bucket: string): Promise<void>
+  /** Drops local state and timers; never closes the Redis client. */
+  close (): Promise<void>
+  /** Settles when the start-up wait is over (never rejects). */
+  readonly ready: Promise<void>
+  /** The core limiter behind the middleware. */
+  readonly limiter: Limiter
+}
+
+declare global {
+  namespace Express {
+    interface Request {
+      /** The decision of the last tollgate middleware this request passed; undefined when none applied. */
+      rateLimit?: Decision | undefined
+    }
+  }
+}
+
+const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()' }
+
+const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings }
+
+/** The default logger: the message, then what it is about, if anything. */
+const CONSOLE: Logger = {
+  warn: (obj, msg) => { console.warn(...logArgs(obj, msg)) },
+  info: (obj, msg) => { console.info(...logArgs(obj, msg)) },
+  error: (obj, msg) => { console.error(...logArgs(obj, msg)) }
+}
+
+function logArgs (obj: object, msg: string): unknown[] {
+  return Object.keys(obj).length === 0 ? [msg] : [msg, obj]
+}
+
+/** Creates the limiter of one Express app: validates `options` and returns `limit`. */
+export function rateLimit (options: ExpressOptions): RateLimit {
+  const input: unknown = options
+  if (!isRecord(input)) throw optionError('options', input, 'an object')
+  checkFields(input, OPTION_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
+  const defaults = pick(options, Object.keys(POLICY_CHECKS))
+  checkDefaults(defaults, '')
+  const log = options.logger ?? CONSOLE
+  const core = createCore({
+    redis: options.redis,
+    prefix: options.prefix ?? DEFAULT_PREFIX,
+    timeout: options.timeout,
+    breaker: options.breaker,
+    denialCache: options.denialCache,
+    logger: log
+  })
+  const ready = start(core, options.redis, log)
+  const proxy = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(log)
+  const layer = new RequestLayer<Request>(core, options.ipv6Subnet ?? 56, {
+    ip: (req) => req.ip,
+    onAddress: proxy,
+    noAddress: () => { log.warn({}, `tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Express's 'trust proxy' so that req.ip is the client's address; otherwise give a \`key\` function`) },
+    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`)
+  })
+  const compile = registry(defaults)
+  const deny = denier(options.handler)
+
+  let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
+  function middleware (limitOf: (req: Request) => RouteLimit<Request>): RequestHandler {
+    return function tollgate (req, res, next) {
+      if (waiting !== undefined) {
+        void waiting.then(() => { check(limitOf, req, res, next) })
+        return
+      }
+      check(limitOf, req, res, next)
+    }
+  }
+  function check (limitOf: (req: Request) => RouteLimit<Request>, req: Request, res: Response, next: NextFunction): void {
+    let limit: RouteLimit<Request>
+    try {
+      limit = limitOf(req)
+    } catch (err) {
+      next(err)
+      return
+    }
+    layer.decide(limit, req).then((decision) => {
+      if (decision === undefined) return next()
+      req.rateLimit = decision
+      const denial = answer(limit, decision, res, setHeader)
+      if (denial === undefined) return next()
+      deny(req, res, next, denial, decision)
+    }, next)
+  }
+
+  const limit = (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler => middleware(compile(policy))
+  const programmatic = programmaticPolicies(defaults)
+  const { limiter } = core
+  return Object.assign(limit, {
+    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
+    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
+    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
+    close: async () => { await limiter.close() },
+    ready,
+    limiter
+  })
+}
+
+/** The start-up wait: bounded, warns when Redis is not ready by then. */
+async function start (core: ReturnType<typeof createCore>, redis: RedisClient | undefined, log: Logger): Promise<void> {
+  if (redis === undefined) {
+    log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
+  } else if (!await whenReady(core, redis, START_WAIT_MS)) {
+    log.warn({ status: redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
+  }
+}
+
+/**
+ * `limit(policy)` for one `rateLimit()` instance: checks the policy at once,
+ * and returns how a request finds its compiled limit. Every compiled policy
+ * is registered by bucket (see the top of this file).
+ */
+function registry (defaults: Defaults): (config: unknown) => (req: Request) => RouteLimit<Request> {
+  const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
+  function register (limit: RouteLimit<Request>): RouteLimit<Request> {
+    for (const p of limit.policies) {
+      const seen = buckets.get(p.bucket)
+      if (seen === undefined) buckets.set(p.bucket, { capacity: p.capacity, refillPerSecond: p.refillPerSecond, where: limit.name })
+      else if (seen.capacity !== p.capacity || seen.refillPerSecond !== p.refillPerSecond) {
+        throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
+      }
+    }
+    return limit
+  }
+  return (config) => {
+    if (config !== undefined && !isRecord(config) && !Array.isArray(config)) throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing')
+    const named = namedBucket(config, defaults)
+    if (named !== undefined) {
+      const limit = register(compileRoute(named, config, defaults, EXPRESS, 'limit(): ', 'limit()'))
+      return () => limit
+    }
+    // Checked now, under a stand-in name, so that a mistake fails at start-up.
+    compileRoute('limit()', config, defaults, EXPRESS, 'limit(): ', 'limit()')
+    const byName = new Map<string, RouteLimit<Request>>()
+    return (req) => {
+      const name = nameOf(req)
+      let limit = byName.get(name)
+      if (limit === undefined) {
+        if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() has made ${MAX_NAMES} bucket names already (a router mounted on a path with parameters makes one per value): give it a \`bucket\``)
+        limit = register(compileRoute(name, config, defaults, EXPRESS, `limit() of ${name}: `))
+        byName.set(name, limit)
+      }
+      return limit
+    }
+  }
+}
+
+/** The bucket a policy names for itself (the first policy's, or the options'), if any. */
+function namedBucket (config: unknown, defaults: Defaults): string | undefined {
+  const first: unknown = Array.isArray(config) ? config[0] : config
+  return (isRecord(first) ? first.bucket as string | undefined : undefined) ?? defaults.bucket as string | undefined
+}
+
+/** `GET /users/:id`: the request's method (HEAD as GET) and its mount path and route pattern. */
+function nameOf (req: Request): string {
+  const route = (req as { route?: { path?: unknown } }).route
+  if (route === undefined) {
+    throw badInput('Rate limit outside a route (app.use, router.use) has no route pattern to name its bucket: give the policy a `bucket`')
+  }
+  const path = Array.isArray(route.path) ? route.path.map(String).join(',') : String(route.path)
+  return routeName(req.method, req.baseUrl + path)
+}
+
+function setHeader (res: Response, name: string, value: HeaderValue): void {
+  res.setHeader(name, value)
+}
+
+/** Sends a denial: to the app's handler, else as the JSON body Fastify sends. */
+function denier (handler: DeniedHandler | undefined) {
+  return function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision): void {
+    if (handler !== undefined) {
+      try {
+        handler(req, res, next, new RateLimitError(denial, decision))
+      } catch (err) {
+        next(err)
+      }
+      return
+    }
+    res.statusCode = denial.statusCode
+    res.setHeader('content-type', 'application/json; charset=utf-8')
+    res.end(denialBody(denial))
+  }
+}
+
+/** A 500 for Express's error handler: a `key` or `cost` that failed, a bucket that cannot be named. */
+function badInput (message: string): Error {
+  const err = new Error(message)
+  Object.defineProperties(err, {
+    code: { value: 'TOLLGATE_BAD_INPUT', enumerable: true },
+    status: { value: 500, enumerable: true },
+    statusCode: { value: 500, enumerable: true }
+  })
+  return err
+}
+
+/**
+ * Without 'trust proxy', req.ip is the proxy's address: behind a proxy
+ * every client would share one bucket. A forwarding header on a request of
+ * an app that trusts no proxy is the sign. Warns once, then costs nothing.
+ */
+function proxyWarning (log: Logger): (req: Request) => void {
+  let armed = true
+  return (req) => {
+    if (!armed) return
+    const header = req.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : req.headers.forwarded !== undefined ? 'Forwarded' : undefined
+    if (header === undefined || req.app.get('trust proxy') !== false) return
+    armed = false
+    log.warn({ header, ip: req.ip }, `tollgate: a request carries ${header} but Express does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Express's 'trust proxy', or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
+  }
+}
+
+function logger (value: unknown, name: string): void {
+  if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
+    throw optionError(name, value, 'a logger with warn, info and error methods')
+  }
+}

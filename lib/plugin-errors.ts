@@ -1,0 +1,31 @@
+import createError from '@fastify/error'
+import { RATE_LIMITED, UNAVAILABLE } from './request.js'
+
+// The 429 and the 503 are answers, not bugs: they skip the second stack
+// capture of @fastify/error, which a flood of denied requests would pay for
+// on every one.
+
+/** 429: the request's bucket cannot afford its cost. */
+export const RateLimitedError = createError(
+  RATE_LIMITED.code,
+  RATE_LIMITED.message,
+  RATE_LIMITED.statusCode,
+  Error,
+  false
+)
+
+/** 503: the store failed and the limit fails closed. */
+export const UnavailableError = createError(
+  UNAVAILABLE.code,
+  UNAVAILABLE.message,
+  UNAVAILABLE.statusCode,
+  Error,
+  false
+)
+
+/** 500: the route's `key` or `cost` function failed; no store call was made. */
+export const BadRequestInputError = createError(
+  'TOLLGATE_BAD_INPUT',
+  'Rate limit of %s: %s',
+  500
+)

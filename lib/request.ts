@@ -1,0 +1,197 @@
+// One request's check, whatever the framework.
+//
+// An adapter (lib/plugin.ts for Fastify, lib/express.ts for Express) keeps
+// only what its framework needs: where the check runs, how a route is named,
+// how headers are written and how a 429 is sent. The rest is here, so both
+// adapters decide alike and answer byte for byte alike:
+//
+//   compile  compileRoute (lib/route-limit.ts), once per route;
+//   ready    whenReady, a bounded wait for the client and the scripts at
+//            start-up, so the first requests are decided by Redis;
+//   decide   RequestLayer.decide: allow -> client key -> costs -> one store
+//            decision (undefined when `allow` let the request through);
+//   answer   answer(): the headers, written through the adapter's sink, and
+//            the denial (429, or 503 when a closed limit cannot reach Redis)
+//            as data; denialBody() is its JSON body.
+//
+// The functions of the app (`key`, `cost`, `allow`) get the framework's own
+// request object; a synchronous result is used as it is, so the common
+// synchronous `key` costs no promise.
+
+import { describe } from './errors.js'
+import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
+import { ipIdentity } from './keys.js'
+import type { Core } from './limiter.js'
+import type { RequestFn, RouteLimit } from './route-limit.js'
+import type { Decision, Policy, RedisClient } from './types.js'
+
+/** The client identity of requests without an address (as on a Unix socket). */
+export const NO_ADDRESS = 'no-address'
+
+/** What an adapter tells the request layer about its framework. */
+export interface RequestSide<Req> {
+  /** The client's address as the framework resolves it (its proxy trust applied); undefined or '' without one. */
+  ip(request: Req): string | undefined
+  /** Called before a request is keyed by its address (the adapter's proxy warning). */
+  onAddress?: ((request: Req) => void) | undefined
+  /** Called once, for the first request without an address: it is keyed as NO_ADDRESS. */
+  noAddress(): void
+  /** The error (a 500) of a `key` or `cost` function that threw or returned a bad value. */
+  badInput(route: string, detail: string): Error
+}
+
+/** The bodies' fields of a denial; `message` has `%s` for the seconds. */
+export const RATE_LIMITED = { statusCode: 429, code: 'TOLLGATE_RATE_LIMITED', error: 'Too Many Requests', message: 'Rate limit exceeded, retry in %s second(s)' } as const
+export const UNAVAILABLE = { statusCode: 503, code: 'TOLLGATE_UNAVAILABLE', error: 'Service Unavailable', message: 'Rate limiter unavailable, retry in %s second(s)' } as const
+
+/** A request the limiter refuses: the answer, as data. */
+export interface Denial {
+  statusCode: 429 | 503
+  code: 'TOLLGATE_RATE_LIMITED' | 'TOLLGATE_UNAVAILABLE'
+  /** The status text. */
+  error: string
+  message: string
+  /** Seconds, as sent in Retry-After. */
+  retryAfter: number
+}
+
+/** Decides requests: identity, costs, one store decision. */
+export class RequestLayer<Req> {
+  readonly #core: Core
+  readonly #subnet: number
+  readonly #side: RequestSide<Req>
+  #warned = false
+
+  constructor (core: Core, subnet: number, side: RequestSide<Req>) {
+    this.#core = core
+    this.#subnet = subnet
+    this.#side = side
+  }
+
+  /** The decision for one request of the route; undefined when `allow` let it through. */
+  async decide (limit: RouteLimit<Req>, request: Req): Promise<Decision | undefined> {
+    if (limit.allow !== undefined) {
+      let skip = run(limit, 'allow', limit.allow, request, this.#side)
+      if (skip instanceof Promise) skip = await skip
+      if (skip === true) return undefined
+    }
+    let client: unknown
+    if (limit.key === undefined) {
+      client = this.#address(request)
+    } else {
+      client = run(limit, 'key', limit.key, request, this.#side)
+      if (client instanceof Promise) client = await client
+      if (typeof client !== 'string' || client.length === 0) {
+        throw this.#side.badInput(limit.name, `\`key\` must return a non-empty string, got ${describe(client)}`)
+      }
+    }
+    let costs: number[] | undefined
+    for (let i = 0; i < limit.costFns.length; i++) {
+      const fn = limit.costFns[i]
+      if (fn === undefined) continue
+      const policy = limit.policies[i] as Policy
+      let value: unknown = run(limit, 'cost', fn, request, this.#side)
+      if (value instanceof Promise) value = await value
+      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > policy.capacity) {
+        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and <= capacity (${policy.capacity}), got ${describe(value)}`)
+      }
+      costs ??= limit.policies.map((p) => p.cost ?? 1)
+      costs[i] = value
+    }
+    return await this.#core.decide(client as string, limit.policies, costs, true)
+  }
+
+  #address (request: Req): string {
+    this.#side.onAddress?.(request)
+    const ip = this.#side.ip(request)
+    if (ip !== undefined && ip !== '') return ipIdentity(ip, this.#subnet)
+    if (!this.#warned) {
+      this.#warned = true
+      this.#side.noAddress()
+    }
+    return NO_ADDRESS
+  }
+}
+
+/**
+ * Runs a function of the app; its failure becomes the adapter's 500 naming
+ * the route. A synchronous result is returned as it is.
+ */
+function run<Req, T> (limit: RouteLimit<Req>, what: string, fn: RequestFn<Req, T>, request: Req, side: RequestSide<Req>): T | Promise<T> {
+  let out: T | Promise<T>
+  try {
+    out = fn(request)
+  } catch (cause) {
+    throw failed(limit, what, cause, side)
+  }
+  if (out instanceof Promise) return out.catch((cause: unknown) => { throw failed(limit, what, cause, side) })
+  return out
+}
+
+function failed<Req> (limit: RouteLimit<Req>, what: string, cause: unknown, side: RequestSide<Req>): Error {
+  const err = side.badInput(limit.name, `\`${what}\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+  err.cause = cause
+  return err
+}
+
+/**
+ * Writes a decision's headers on `target` through `set`, and returns the
+ * denial, or undefined when the request passes. A limit that failed open
+ * sends no headers (never a made-up quota); one that failed closed sends
+ * only Retry-After with its 503.
+ */
+export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, target: T, set: HeaderSink<T>): Denial | undefined {
+  if (decision.source === 'fail-open') return undefined
+  if (decision.source === 'fail-closed') {
+    const seconds = retrySeconds(decision.retryAfterMs)
+    set(target, 'retry-after', seconds)
+    return denial(UNAVAILABLE, seconds)
+  }
+  setHeaders(target, set, limit.headers, decision, limit.policyHeaders)
+  return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs))
+}
+
+function denial (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number): Denial {
+  return { statusCode: kind.statusCode, code: kind.code, error: kind.error, message: kind.message.replace('%s', String(seconds)), retryAfter: seconds }
+}
+
+/** The JSON body of a denial, as Fastify's default error handler writes it. */
+export function denialBody (d: Denial): string {
+  return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
+}
+
+/**
+ * Waits, up to `ms`, for the client to be connected, then, within the same
+ * budget, for the scripts to be loaded on every master, so that the first
+ * requests are decided by Redis. A client created with `lazyConnect` is
+ * asked to connect, since the limiter sends nothing to a client that is not
+ * connected. True when the client is ready; never rejects.
+ */
+export async function whenReady (core: Core, redis: RedisClient, ms: number): Promise<boolean> {
+  const started = Date.now()
+  await waitReady(redis, ms)
+  if (redis.status !== 'ready') return false
+  await within(core.warm(), ms - (Date.now() - started))
+  return true
+}
+
+async function waitReady (redis: RedisClient, ms: number): Promise<void> {
+  if (redis.status === 'ready') return
+  if (redis.status === 'wait') redis.connect().catch(() => {})
+  await new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer)
+      redis.off('ready', done)
+      resolve()
+    }
+    const timer = setTimeout(done, ms)
+    redis.on('ready', done)
+  })
+}
+
+/** Waits for `promise` at most `ms` (never rejects). */
+async function within (promise: Promise<void>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined
+  await Promise.race([promise, new Promise<void>((resolve) => { timer = setTimeout(resolve, Math.max(0, ms)) })])
+  clearTimeout(timer)
+}

@@ -1,0 +1,214 @@
+// A route's limit, compiled once, whatever the framework.
+//
+// Each adapter names a route (`GET /users/:id`: the method and the route
+// pattern, never the raw URL) and hands over what the app wrote for it (a
+// Fastify route's `config.rateLimit`, the argument of Express's `limit()`):
+// one policy, several checked together, or nothing (the adapter's own
+// options). Here that is merged over the adapter's options and checked, so
+// that the per-request path (lib/request.ts) holds only resolved values.
+// The settings that are one per route (`key`, `headers`, `allow`, and
+// Fastify's `hook`) must agree across a route's policies; the rest is per
+// policy. An adapter adds its own route settings through a `Dialect`.
+
+import { optionError } from './errors.js'
+import { PolicyHeaders, type HeaderMode } from './headers.js'
+import { checkPolicy } from './limiter.js'
+import {
+  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isFunction, isRecord, keyPrefix, lease,
+  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+} from './options.js'
+import type { Policy } from './types.js'
+
+type Check = (value: unknown, name: string) => void
+
+/** Options every adapter takes per route as well as for itself. */
+export const POLICY_CHECKS: Record<string, Check> = {
+  capacity: positiveNumber,
+  refillPerSecond: positiveNumber,
+  cost,
+  failureMode: oneOf(FAILURE_MODES),
+  local: localPolicy,
+  key: isFunction,
+  bucket: nonEmptyString,
+  timeout: positiveNumber,
+  headers: oneOf(HEADER_MODES),
+  allow: isFunction,
+  lease
+}
+
+/** Options of the store, set once per adapter instance. */
+export const STORE_CHECKS: Record<string, Check> = {
+  redis: redisClient,
+  prefix: keyPrefix,
+  ipv6Subnet,
+  breaker,
+  denialCache
+}
+
+/** Route-level settings: one per route, shared by all of its policies. */
+export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow']
+
+/** Settings that only a route has, refused in a programmatic policy. */
+const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow']
+
+/** What an adapter adds to a route's settings (Fastify: `hook`). */
+export interface Dialect {
+  /** Checks of every option a route may set. */
+  checks: Record<string, Check>
+  /** The names among them that are one per route. */
+  wide: readonly string[]
+  /** Where a missing capacity or rate can be set, for the error message. */
+  hint: string
+}
+
+export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it on the plugin or the route' }
+
+/** A function of the request, as the app wrote it; its result is checked per request. */
+export type RequestFn<Req, T> = (request: Req) => T | Promise<T>
+
+/** The merged options a route is compiled from: the adapter's, then the route's. */
+export type Defaults = Record<string, unknown>
+
+/** Everything one request's check needs, resolved once per route. */
+export interface RouteLimit<Req> {
+  /** The route's name (`GET /users/:id`), used in error messages. */
+  name: string
+  policies: Policy[]
+  /** Per policy: its `cost` function, if it has one. */
+  costFns: Array<RequestFn<Req, number> | undefined>
+  key: RequestFn<Req, string> | undefined
+  allow: RequestFn<Req, boolean> | undefined
+  headers: HeaderMode
+  policyHeaders: PolicyHeaders
+}
+
+/**
+ * Compiles a route's limit from `config` (a policy, an array of policies or
+ * undefined) over `defaults`. `where` prefixes option names in errors;
+ * `listWhere` does for an array's entries.
+ */
+export function compileRoute<Req> (
+  name: string, config: unknown, defaults: Defaults, dialect: Dialect = BASE_DIALECT,
+  where = `config.rateLimit of ${name}: `, listWhere = where
+): RouteLimit<Req> {
+  const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
+  if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')
+  const policies: Policy[] = []
+  const costFns: Array<RequestFn<Req, number> | undefined> = []
+  const buckets = new Set<string>()
+  for (let i = 0; i < list.length; i++) {
+    const entry = list[i]
+    const at = list.length === 1 ? where : `${listWhere}[${i}].`
+    if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
+    checkFields(entry, dialect.checks, at)
+    if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
+    const base = (defaults.bucket as string | undefined) ?? name
+    const merged: Defaults = { ...defaults, ...entry }
+    if (list.length > 1) delete merged.lease
+    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint)
+    if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
+    buckets.add(policy.bucket)
+    const spend = entry.cost ?? defaults.cost
+    costFns.push(typeof spend === 'function' ? spend as RequestFn<Req, number> : undefined)
+    policies.push(policy)
+  }
+  for (const field of dialect.wide) {
+    const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
+    if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], 'the same in every policy of the route (it is one per route)')
+  }
+  return {
+    name,
+    policies,
+    costFns,
+    key: routeWide(config, defaults, 'key') as RequestFn<Req, string> | undefined,
+    allow: routeWide(config, defaults, 'allow') as RequestFn<Req, boolean> | undefined,
+    headers: (routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
+    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
+  }
+}
+
+/** A route-wide setting: from the route's policies, else the adapter's options. */
+export function routeWide (config: unknown, defaults: Defaults, field: string): unknown {
+  const list: unknown[] = Array.isArray(config) ? config : [config]
+  for (const entry of list) {
+    if (isRecord(entry) && entry[field] !== undefined) return entry[field]
+  }
+  return defaults[field]
+}
+
+/** A merged route or programmatic policy as the core's Policy; names the missing field. */
+export function toPolicy (merged: Defaults, bucket: string, where: string, hint = BASE_DIALECT.hint): Policy {
+  for (const name of ['capacity', 'refillPerSecond'] as const) {
+    if (merged[name] === undefined) throw optionError(where + name, undefined, `a finite number > 0 (${hint})`)
+  }
+  const policy: Policy = {
+    bucket,
+    capacity: merged.capacity as number,
+    refillPerSecond: merged.refillPerSecond as number,
+    failureMode: merged.failureMode as Policy['failureMode']
+  }
+  if (typeof merged.cost === 'number') policy.cost = merged.cost
+  if (merged.local !== undefined) policy.local = merged.local as Policy['local']
+  if (merged.timeout !== undefined) policy.timeout = merged.timeout as number
+  if (merged.lease !== undefined) policy.lease = merged.lease as Policy['lease']
+  checkPolicy(policy, where)
+  return policy
+}
+
+/** Checks the adapter-level defaults that are checkable before any route merges over them. */
+export function checkDefaults (defaults: Defaults, where: string): void {
+  const capacity = defaults.capacity as number | undefined
+  if (typeof defaults.cost === 'number' && capacity !== undefined && defaults.cost > capacity) {
+    throw optionError(where + 'cost', defaults.cost, `at most capacity (${capacity})`)
+  }
+  const tokens = (defaults.lease as { tokens: number } | undefined)?.tokens
+  if (tokens !== undefined && capacity !== undefined && tokens > capacity) {
+    throw optionError(where + 'lease.tokens', tokens, `at most capacity (${capacity})`)
+  }
+  if (defaults.failureMode === 'local' && defaults.local === undefined) {
+    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
+  }
+}
+
+/** The options among `names` that are set, as the defaults routes merge over. */
+export function pick (options: object, names: readonly string[]): Defaults {
+  const out: Defaults = {}
+  for (const name of names) {
+    const value = (options as Record<string, unknown>)[name]
+    if (value !== undefined) out[name] = value
+  }
+  return out
+}
+
+/** `GET /users/:id`: the route pattern, never the raw URL; HEAD spends from GET's bucket. */
+export function routeName (method: string | readonly string[], pattern: string): string {
+  const methods = (typeof method === 'string' ? [method] : [...method]).map((m) => m === 'HEAD' ? 'GET' : m)
+  return `${[...new Set(methods)].sort().join(',')} ${pattern}`
+}
+
+/** A policy of the programmatic API (`consume`, `peek`): it names its bucket, its cost is a number. */
+export interface NamedPolicy {
+  bucket: string
+  cost?: number | undefined
+}
+
+/**
+ * The programmatic API's policies: each merged over `defaults` once (kept
+ * per policy object), rejecting the settings that only a route has.
+ */
+export function programmaticPolicies (defaults: Defaults): (policy: NamedPolicy) => Policy {
+  const merged = new WeakMap<object, Policy>()
+  return function programmatic (policy) {
+    let core = merged.get(policy)
+    if (core === undefined) {
+      if (!isRecord(policy)) throw optionError('policy', policy, 'a policy object')
+      if (typeof policy.cost === 'function') throw optionError('policy.cost', policy.cost, 'a number (pass a computed cost as the third argument)')
+      for (const name of ROUTE_ONLY) {
+        if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
+      }
+      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
+      merged.set(policy, core)
+    }
+    return core
+  }
+}

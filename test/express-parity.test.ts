@@ -1,0 +1,105 @@
+// The Fastify plugin and tollgate/express answer one decision byte for
+// byte alike: the same status, rate-limit headers, Retry-After,
+// content-type, content-length and body, for a first call, a denial, each
+// header mode, several policies, and a limit failing closed. Each app gets
+// its own prefix on the same Redis and the same sequence of requests, so
+// both make the same decisions. Refill rates are tiny, so the second that
+// passes between the two apps' requests moves no header value (reset and
+// retry are ceil(ms / 1000) of hundreds of seconds).
+
+import express from 'express'
+import Fastify from 'fastify'
+import t, { type Test } from 'tap'
+import tollgate, { type RouteRateLimit, type TollgateOptions } from '../lib/index.js'
+import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../lib/express.js'
+import { headerPairs, PolicyHeaders } from '../lib/headers.js'
+import { sharedRedis, uniquePrefix } from './helpers/app.js'
+import { listen, memoryLogger, type Answer } from './helpers/express.js'
+import { faultClient, ownServer } from './helpers/load.js'
+import type { RedisClient } from '../lib/types.js'
+
+const COMPARED = /^(ratelimit|x-ratelimit|retry-after|content-type|content-length)/
+
+interface Route { path: string, policy: ExpressPolicy | ExpressPolicy[] }
+
+const ROUTES: Route[] = [
+  { path: '/draft-6', policy: { capacity: 2, refillPerSecond: 0.01 } },
+  { path: '/draft-10', policy: { capacity: 2, refillPerSecond: 0.01, headers: 'draft-10' } },
+  { path: '/legacy', policy: { capacity: 2, refillPerSecond: 0.01, headers: 'legacy' } },
+  { path: '/none', policy: { capacity: 2, refillPerSecond: 0.01, headers: false } },
+  { path: '/multi', policy: [{ capacity: 5, refillPerSecond: 0.01, headers: 'draft-10' }, { capacity: 2, refillPerSecond: 0.001 }] },
+  { path: '/multi-6', policy: [{ capacity: 5, refillPerSecond: 0.01 }, { capacity: 2, refillPerSecond: 0.001 }] },
+  { path: '/cost', policy: { capacity: 10, refillPerSecond: 0.01, cost: 4 } }
+]
+
+type Get = (path: string) => Promise<Answer>
+
+async function both (t: Test, redis: RedisClient, options: Partial<TollgateOptions & ExpressOptions>): Promise<[Get, Get]> {
+  const base = { redis, capacity: 100, refillPerSecond: 1, failureMode: 'open' as const, ...options }
+  const fastify = Fastify()
+  await fastify.register(tollgate, { ...base, prefix: uniquePrefix(), global: false })
+  const limit = rateLimit({ ...base, prefix: uniquePrefix(), logger: memoryLogger() })
+  t.teardown(() => limit.close())
+  const app = express()
+  for (const { path, policy } of ROUTES) {
+    fastify.get(path, { config: { rateLimit: policy as RouteRateLimit } }, async () => ({ ok: true }))
+    app.get(path, limit(policy), (_req, res) => { res.json({ ok: true }) })
+  }
+  const address = await fastify.listen({ host: '127.0.0.1', port: 0 })
+  t.teardown(() => fastify.close())
+  const getExpress = await listen(t, app)
+  const getFastify: Get = async (path) => {
+    const res = await fetch(address + path)
+    return { status: res.status, headers: Object.fromEntries(res.headers), body: await res.text() }
+  }
+  return [getFastify, getExpress]
+}
+
+function comparable (a: Answer): { status: number, headers: Record<string, unknown>, body: string } {
+  const headers = Object.fromEntries(Object.entries(a.headers).filter(([name]) => COMPARED.test(name)).sort())
+  return { status: a.status, headers, body: a.status === 200 ? '' : a.body }
+}
+
+t.test('the same decisions: the same status, headers and body from both adapters', async (t) => {
+  const redis = await sharedRedis(t)
+  const [fastify, express] = await both(t, redis, {})
+  for (const { path } of ROUTES) {
+    for (let i = 0; i < 4; i++) {
+      const [f, e] = [await fastify(path), await express(path)]
+      t.same(comparable(e), comparable(f), `${path}, request ${i + 1}: ${f.status}`)
+    }
+  }
+  const denied = comparable(await express('/draft-6'))
+  t.equal(denied.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
+  t.same(denied.headers, {
+    'content-length': String(denied.body.length),
+    'content-type': 'application/json; charset=utf-8',
+    'ratelimit-limit': '2',
+    'ratelimit-policy': '2;w=200',
+    'ratelimit-remaining': '0',
+    'ratelimit-reset': '200',
+    'retry-after': '100'
+  }, 'and they are the headers of section 6')
+})
+
+t.test('a limit failing closed: the same 503 from both adapters', async (t) => {
+  const server = await ownServer(t)
+  const redis = faultClient(t, server.url)
+  const [fastify, express] = await both(t, redis, { failureMode: 'closed', timeout: 50 })
+  await server.kill()
+  for (let i = 0; i < 3; i++) {
+    const [f, e] = [await fastify('/draft-6'), await express('/draft-6')]
+    t.same(comparable(e), comparable(f), `request ${i + 1}: ${f.status}`)
+    t.equal(e.status, 503)
+  }
+  t.equal((await express('/draft-6')).body, '{"statusCode":503,"code":"TOLLGATE_UNAVAILABLE","error":"Service Unavailable","message":"Rate limiter unavailable, retry in 1 second(s)"}')
+})
+
+t.test('headerPairs: the headers an adapter writes, as a list', async (t) => {
+  const policies = new PolicyHeaders([{ bucket: 'b', capacity: 10, refillPerSecond: 1 }], [])
+  const decision = { allowed: false, limit: 10, remaining: 0, resetMs: 9500, retryAfterMs: 1200, source: 'store' as const, bucket: 'b' }
+  t.same(headerPairs('draft-6', decision, policies), [
+    ['ratelimit-limit', 10], ['ratelimit-remaining', 0], ['ratelimit-reset', 10], ['ratelimit-policy', '10;w=10'], ['retry-after', 2]
+  ])
+  t.same(headerPairs(false, { ...decision, allowed: true, retryAfterMs: 0 }, policies), [])
+})

@@ -1,0 +1,386 @@
+// tollgate/express (SPEC section 9), on a real Redis, run once against
+// Express 5 and once against Express 4 (installed under the alias
+// `express4`): first-call headers, exhaustion, route-pattern buckets, the
+// app-level bucket, one bucket with two policies, several policies all or
+// nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
+// start-up wait and the programmatic API. Failures of the store are in
+// test/express-failures.test.ts; the byte-for-byte comparison with the
+// Fastify plugin in test/express-parity.test.ts.
+
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import express5, { type ErrorRequestHandler, type RequestHandler } from 'express'
+import express4 from 'express4'
+import { Redis } from 'ioredis'
+import t, { type Test } from 'tap'
+import { MAX_NAMES, RateLimitError, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
+import { keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
+import { listen, memoryLogger, type Answer } from './helpers/express.js'
+import { redisUrl } from './helpers/redis.js'
+
+const ok: RequestHandler = (req, res) => { res.json({ source: req.rateLimit?.source ?? null }) }
+const byClient = { key: (req: { get: (name: string) => string | undefined }) => req.get('x-client') ?? 'anonymous' }
+
+const url = await redisUrl(t)
+
+for (const [major, express] of [['Express 5', express5], ['Express 4', express4]] as const) {
+  t.test(major, async (t) => {
+    const redis = await sharedRedis(t)
+
+    function limiter (t: Test, options: Partial<ExpressOptions> = {}): { limit: RateLimit, prefix: string } {
+      const prefix = uniquePrefix()
+      const limit = rateLimit({ redis, prefix, capacity: 100, refillPerSecond: 10, failureMode: 'open', logger: memoryLogger(), ...options })
+      t.teardown(() => limit.close())
+      return { limit, prefix }
+    }
+
+    t.test('the first call: 200 and the draft-6 headers of a bucket of 100 at 10/s', async (t) => {
+      const { limit } = limiter(t)
+      const app = express()
+      app.get('/search', limit(), ok)
+      const get = await listen(t, app)
+      const a = await get('/search')
+      t.equal(a.status, 200)
+      t.same(JSON.parse(a.body), { source: 'store' }, 'decided by Redis from the first request')
+      t.equal(a.headers['ratelimit-limit'], '100')
+      t.equal(a.headers['ratelimit-remaining'], '99', 'the seed example: 99 left')
+      t.equal(a.headers['ratelimit-reset'], '1')
+      t.equal(a.headers['ratelimit-policy'], '100;w=10')
+      t.equal(a.headers['retry-after'], undefined)
+    })
+
+    t.test('exhaustion: 429, Retry-After and the JSON body; a denied request spends nothing', async (t) => {
+      const { limit } = limiter(t)
+      const app = express()
+      app.get('/pay', limit({ capacity: 3, refillPerSecond: 0.01 }), ok)
+      const get = await listen(t, app)
+      const statuses: number[] = []
+      let last: Answer | undefined
+      for (let i = 0; i < 5; i++) {
+        last = await get('/pay')
+        statuses.push(last.status)
+      }
+      t.same(statuses, [200, 200, 200, 429, 429])
+      const denied = last as Answer
+      t.equal(denied.headers['retry-after'], '100')
+      t.equal(denied.headers['ratelimit-remaining'], '0')
+      t.equal(denied.headers['content-type'], 'application/json; charset=utf-8')
+      t.equal(denied.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
+    })
+
+    t.test('buckets: method and mount path + route pattern, never the raw URL', async (t) => {
+      const { limit, prefix } = limiter(t)
+      const app = express()
+      const router = express.Router()
+      router.get('/users/:id', limit(), ok)
+      app.use('/api', router)
+      app.get('/users/:id', limit(), ok)
+      app.all('/any', limit(), ok)
+      app.get(['/one', '/two'], limit(), ok)
+      const get = await listen(t, app)
+      for (const path of ['/users/1', '/users/2', '/api/users/3', '/api/users/4', '/one', '/two']) t.equal((await get(path)).status, 200, path)
+      t.equal((await get('/users/5', {}, 'HEAD')).status, 200, 'HEAD')
+      t.equal((await get('/any', {}, 'POST')).status, 200)
+      t.equal((await get('/any', {}, 'DELETE')).status, 200)
+      const keys = await keysUnder(redis, prefix)
+      t.same(keys, [
+        `${prefix}:{127.0.0.1}:DELETE /any`,
+        `${prefix}:{127.0.0.1}:GET /api/users/:id`,
+        `${prefix}:{127.0.0.1}:GET /one,/two`,
+        `${prefix}:{127.0.0.1}:GET /users/:id`,
+        `${prefix}:{127.0.0.1}:POST /any`
+      ])
+      const a = await get('/users/6')
+      t.equal(a.headers['ratelimit-remaining'], '96', 'GET /users/1, /2, /5 (HEAD), /6: one bucket')
+    })
+
+    t.test('a router mounted on a path with parameters: bounded, then a 500 asking for a bucket', async (t) => {
+      const limit = rateLimit({ capacity: 10_000, refillPerSecond: 1, failureMode: 'open', logger: memoryLogger() })
+      t.teardown(() => limit.close())
+      const app = express()
+      const router = express.Router()
+      router.get('/x', limit(), ok)
+      app.use('/orgs/:org', router)
+      app.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
+      const get = await listen(t, app)
+      for (let i = 0; i < MAX_NAMES; i++) {
+        const a = await get(`/orgs/${i}/x`)
+        if (a.status !== 200) t.fail(`org ${i}: ${a.status}`)
+      }
+      const a = await get('/orgs/next/x')
+      t.equal(a.status, 500)
+      t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: /made 1000 bucket names already.*give it a `bucket`/ })
+      t.equal((await get('/orgs/0/x')).status, 200, 'names already made still work')
+    })
+
+    t.test('app-level middleware: the named bucket, shared by every route; without a name, a 500', async (t) => {
+      const { limit, prefix } = limiter(t)
+      const app = express()
+      app.use(limit({ bucket: 'site', capacity: 3, refillPerSecond: 0.01 }))
+      app.get('/a', ok)
+      app.get('/b', ok)
+      const get = await listen(t, app)
+      const statuses = [await get('/a'), await get('/b'), await get('/nowhere'), await get('/a')].map((a) => a.status)
+      t.same(statuses, [200, 200, 404, 429], 'one bucket for /a, /b and unknown URLs')
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{127.0.0.1}:site`])
+
+      const unnamed = express()
+      unnamed.use(limit())
+      unnamed.get('/a', ok)
+      unnamed.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
+      const a = await (await listen(t, unnamed))('/a')
+      t.equal(a.status, 500)
+      t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: /outside a route .* give the policy a `bucket`/ })
+    })
+
+    t.test('one bucket, one policy: a second policy on a bucket is refused', async (t) => {
+      const { limit } = limiter(t)
+      limit({ bucket: 'shared', capacity: 5, refillPerSecond: 1 })
+      limit({ bucket: 'shared', capacity: 5, refillPerSecond: 1, cost: 2 })
+      t.throws(() => limit({ bucket: 'shared', capacity: 6, refillPerSecond: 1 }), {
+        name: 'TypeError',
+        code: 'TOLLGATE_INVALID_OPTION',
+        message: /`limit\(\) of shared: bucket` must be a bucket name with one policy: shared gives it capacity 5 and refillPerSecond 1, this one 6 and 1/
+      }, 'at limit() time when the bucket is named')
+
+      const app = express()
+      app.get('/x', limit({ capacity: 5 }), limit({ capacity: 6 }), ok)
+      app.use(((err, _req, res, _next) => { res.status(500).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
+      const a = await (await listen(t, app))('/x')
+      t.match(JSON.parse(a.body), { code: 'TOLLGATE_INVALID_OPTION', message: /bucket name with one policy: GET \/x gives it capacity 5/ }, 'on the first request when the route names it')
+    })
+
+    t.test('several policies: all or nothing, in one call; draft-10 lists them', async (t) => {
+      const { limit, prefix } = limiter(t)
+      const app = express()
+      app.get('/pay', limit([{ capacity: 5, refillPerSecond: 0.01, headers: 'draft-10', ...byClient }, { capacity: 2, refillPerSecond: 0.01 }]), ok)
+      const get = await listen(t, app)
+      const statuses: number[] = []
+      let last: Answer | undefined
+      for (let i = 0; i < 4; i++) {
+        last = await get('/pay', { 'x-client': 'alice' })
+        statuses.push(last.status)
+      }
+      t.same(statuses, [200, 200, 429, 429])
+      t.equal(last?.headers.ratelimit, '"GET /pay";r=3;t=200, "GET /pay#1";r=0;t=100')
+      t.equal(last?.headers['ratelimit-policy'], '"GET /pay";q=5;w=500, "GET /pay#1";q=2;w=200')
+      const wide = await limit.peek('alice', { bucket: 'GET /pay', capacity: 5, refillPerSecond: 0.01 })
+      t.equal(wide.remaining, 3, 'the denied requests took nothing from the wide bucket')
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{alice}:GET /pay`, `${prefix}:{alice}:GET /pay#1`])
+    })
+
+    t.test('req.rateLimit, allow, legacy headers and headers: false', async (t) => {
+      const { limit } = limiter(t)
+      const app = express()
+      app.get('/legacy', limit({ headers: 'legacy' }), ok)
+      app.get('/none', limit({ headers: false }), ok)
+      app.get('/allowed', limit({ allow: async (req) => req.get('x-admin') === 'yes' }), ok)
+      app.get('/seen', limit(byClient), (req, res) => { res.json(req.rateLimit) })
+      const get = await listen(t, app)
+      const legacy = await get('/legacy')
+      t.same([legacy.headers['x-ratelimit-limit'], legacy.headers['x-ratelimit-remaining'], legacy.headers['ratelimit-limit']], ['100', '99', undefined])
+      const none = await get('/none')
+      t.same(Object.keys(none.headers).filter((h) => h.includes('ratelimit')), [])
+      const admin = await get('/allowed', { 'x-admin': 'yes' })
+      t.same([admin.status, JSON.parse(admin.body), admin.headers['ratelimit-limit']], [200, { source: null }, undefined], 'allowed: no decision, no headers')
+      t.equal((await get('/allowed')).headers['ratelimit-remaining'], '99')
+      t.match(JSON.parse((await get('/seen', { 'x-client': 'bob' })).body), { allowed: true, limit: 100, remaining: 99, source: 'store', bucket: 'GET /seen' })
+    })
+
+    t.test('the app answers itself: a handler, or the error passed to next()', async (t) => {
+      const seen: RateLimitError[] = []
+      const { limit } = limiter(t, {
+        capacity: 1,
+        refillPerSecond: 0.01,
+        handler: (req, res, next, err) => {
+          seen.push(err)
+          if (req.path === '/own') res.status(err.status).send(`slow down, ${err.retryAfter} s`)
+          else if (req.path === '/throw') throw new Error('handler failed')
+          else next(err)
+        }
+      })
+      const app = express()
+      app.get('/own', limit(), ok)
+      app.get('/next', limit(), ok)
+      app.get('/throw', limit(), ok)
+      app.use(((err, _req, res, _next) => {
+        res.status(err.status ?? 500).set(err.headers ?? {}).json({ code: err.code ?? 'other', message: err.message })
+      }) as ErrorRequestHandler)
+      const get = await listen(t, app)
+      for (const path of ['/own', '/next', '/throw']) await get(path)
+      const own = await get('/own')
+      t.same([own.status, own.body, own.headers['retry-after']], [429, 'slow down, 100 s', '100'])
+      const next = await get('/next')
+      t.same([next.status, JSON.parse(next.body)], [429, { code: 'TOLLGATE_RATE_LIMITED', message: 'Rate limit exceeded, retry in 100 second(s)' }])
+      t.equal(next.headers['ratelimit-remaining'], '0', 'the rate-limit headers are set before the handler runs')
+      const thrown = await get('/throw')
+      t.same([thrown.status, JSON.parse(thrown.body)], [500, { code: 'other', message: 'handler failed' }], 'a handler that throws: its error goes to next()')
+      const err = seen[0] as RateLimitError
+      t.ok(err instanceof RateLimitError && err instanceof Error)
+      t.match(err, { name: 'RateLimitError', status: 429, statusCode: 429, code: 'TOLLGATE_RATE_LIMITED', expose: true, headers: { 'Retry-After': '100' }, retryAfter: 100 })
+      t.equal(err.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
+      t.match(err.decision, { allowed: false, bucket: 'GET /own' })
+    })
+
+    t.test('key and cost: their failures are 500s naming the route; no store call', async (t) => {
+      const { limit, prefix } = limiter(t)
+      const app = express()
+      app.get('/key-throws', limit({ key: () => { throw new Error('no user') } }), ok)
+      app.get('/key-empty', limit({ key: async () => '' }), ok)
+      app.get('/cost-big', limit({ cost: () => 101 }), ok)
+      app.get('/cost-rejects', limit({ cost: async () => { throw new Error('no body') } }), ok)
+      app.get('/cost', limit({ cost: async (req) => Number(req.query.n) }), ok)
+      app.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
+      const get = await listen(t, app)
+      const expected: Array<[string, RegExp]> = [
+        ['/key-throws', /^Rate limit of GET \/key-throws: `key` threw: no user$/],
+        ['/key-empty', /`key` must return a non-empty string, got ""/],
+        ['/cost-big', /`cost` must return a finite number > 0 and <= capacity \(100\), got 101/],
+        ['/cost-rejects', /`cost` threw: no body/]
+      ]
+      for (const [path, message] of expected) {
+        const a = await get(path)
+        t.equal(a.status, 500, path)
+        t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message }, path)
+      }
+      t.same(await keysUnder(redis, prefix), [], 'no store call was made')
+      t.equal((await get('/cost?n=40')).headers['ratelimit-remaining'], '60')
+    })
+
+    t.test('the first requests wait for a client that is still connecting', async (t) => {
+      const lazy = new Redis(url, { lazyConnect: true })
+      t.teardown(() => lazy.disconnect())
+      const logger = memoryLogger()
+      const limit = rateLimit({ redis: lazy, prefix: uniquePrefix(), capacity: 5, refillPerSecond: 1, failureMode: 'closed', logger })
+      t.teardown(() => limit.close())
+      const app = express()
+      app.get('/x', limit(), ok)
+      const get = await listen(t, app)
+      const a = await get('/x')
+      t.same([a.status, JSON.parse(a.body)], [200, { source: 'store' }], 'decided by Redis, not by the failure mode')
+      await limit.ready
+      t.same(logger.lines, [])
+    })
+
+    t.test('a request without an address (a Unix socket): one shared identity, one warning', async (t) => {
+      const logger = memoryLogger()
+      const { limit, prefix } = limiter(t, { logger })
+      const app = express()
+      app.get('/x', limit(), ok)
+      const dir = await mkdtemp(join(tmpdir(), 'tollgate-'))
+      t.teardown(() => rm(dir, { recursive: true, force: true }))
+      const get = await listen(t, app, join(dir, 'app.sock'))
+      t.equal((await get('/x')).status, 200)
+      t.equal((await get('/x')).headers['ratelimit-remaining'], '98')
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{no-address}:GET /x`])
+      t.equal(logger.lines.length, 1)
+      t.match(logger.lines[0], /no client address.*"no-address".*'trust proxy'/)
+    })
+
+    t.test("a forwarding header while Express trusts no proxy: one warning; 'trust proxy' keys by the client", async (t) => {
+      const logger = memoryLogger()
+      const { limit, prefix } = limiter(t, { logger })
+      const app = express()
+      app.get('/x', limit(), ok)
+      const trusting = express()
+      trusting.set('trust proxy', 'loopback')
+      trusting.get('/x', limit(), ok)
+      const get = await listen(t, app)
+      const viaProxy = await listen(t, trusting)
+      await get('/x')
+      await viaProxy('/x', { 'x-forwarded-for': '192.0.2.7' })
+      await get('/x', { forwarded: 'for=192.0.2.9' })
+      await get('/x', { 'x-forwarded-for': '192.0.2.7' })
+      await get('/x', { 'x-forwarded-for': '192.0.2.8' })
+      t.equal(logger.lines.length, 1)
+      t.match(logger.lines[0], /carries Forwarded but Express does not trust proxies/)
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{127.0.0.1}:GET /x`, `${prefix}:{192.0.2.7}:GET /x`])
+
+      const quiet = memoryLogger()
+      const silent = limiter(t, { logger: quiet, warnings: { proxy: false } }).limit
+      const app2 = express()
+      app2.get('/x', silent(), ok)
+      await (await listen(t, app2))('/x', { 'x-forwarded-for': '192.0.2.7' })
+      t.same(quiet.lines, [])
+    })
+
+    t.test('the denial cache and leases: decided in this process, as by the plugin', async (t) => {
+      const { limit } = limiter(t, { handler: (_req, res, _next, err) => { res.status(err.status).json({ source: err.decision.source }) } })
+      const app = express()
+      app.get('/denied', limit({ capacity: 2, refillPerSecond: 0.01 }), ok)
+      app.get('/leased', limit({ capacity: 100, refillPerSecond: 0.01, lease: { tokens: 10, maxAgeMs: 60_000 } }), ok)
+      app.use(((err, _req, res, _next) => { res.status(500).json({ message: err.message }) }) as ErrorRequestHandler)
+      const get = await listen(t, app)
+      const denied: string[] = []
+      for (let i = 0; i < 5; i++) {
+        const a = await get('/denied')
+        denied.push(`${a.status} ${String((JSON.parse(a.body) as { source: string }).source)}`)
+      }
+      t.same(denied, ['200 store', '200 store', '429 store', '429 cache', '429 cache'], 'a denial is remembered: no script call while it holds')
+      const sources: string[] = []
+      for (let i = 0; i < 12; i++) sources.push(String((JSON.parse((await get('/leased')).body) as { source: string }).source))
+      t.same(sources, ['store', ...Array(9).fill('cache'), 'store', 'cache'], 'one script call per batch of 10')
+      const a = await get('/leased')
+      t.equal(a.headers['ratelimit-remaining'], '87', '13 spent, the batch\'s unspent tokens counted as left')
+    })
+
+    t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
+      const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
+      const login = { bucket: 'login', cost: 2 }
+      t.match(await limit.consume('carol', login), { allowed: true, remaining: 3 })
+      t.match(await limit.consume('carol', login, 3), { allowed: true, remaining: 0 })
+      t.match(await limit.peek('carol', login), { allowed: false })
+      await limit.reset('carol', 'login')
+      t.match(await limit.peek('carol', login), { remaining: 5 })
+      t.equal(limit.limiter.state, 'healthy')
+      await t.rejects(limit.consume('carol', { bucket: 'login', key: () => 'x' } as never), { code: 'TOLLGATE_INVALID_OPTION' })
+    })
+  })
+}
+
+t.test('options are checked like the plugin\'s: coded TypeErrors naming the option', async (t) => {
+  const base = { capacity: 5, refillPerSecond: 1, failureMode: 'open' as const, logger: memoryLogger() }
+  const cases: Array<[string, () => unknown, RegExp]> = [
+    ['not an object', () => rateLimit('x' as never), /`options` must be an object, got "x"/],
+    ['no failureMode', () => rateLimit({ capacity: 5 } as never), /`failureMode` must be one of 'open', 'closed', 'local'/],
+    ['an option of express-rate-limit', () => rateLimit({ ...base, max: 5 } as never), /unknown option `max`/],
+    ["Fastify's hook", () => rateLimit({ ...base, hook: 'preHandler' } as never), /unknown option `hook`/],
+    ['a handler that is no function', () => rateLimit({ ...base, handler: 'x' } as never), /`handler` must be a function/],
+    ['a logger without methods', () => rateLimit({ ...base, logger: {} } as never), /`logger` must be a logger with warn, info and error methods/],
+    ['cost above capacity', () => rateLimit({ ...base, cost: 6 }), /`cost` must be at most capacity \(5\)/],
+    ['a bad warnings', () => rateLimit({ ...base, warnings: true } as never), /`warnings` must be false or an object/]
+  ]
+  for (const [name, fn, message] of cases) t.throws(fn, { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message }, name)
+
+  const limit = rateLimit(base)
+  t.teardown(() => limit.close())
+  const atLimit: Array<[string, () => unknown, RegExp]> = [
+    ['not a policy', () => limit('x' as never), /`limit\(\)` must be a policy, a non-empty array of policies, or nothing, got "x"/],
+    ['an empty array', () => limit([]), /`limit\(\): rateLimit` must be a policy, a non-empty array/],
+    ['a typo', () => limit({ capacty: 5 } as never), /unknown option `limit\(\): capacty`; did you mean `limit\(\): capacity`/],
+    ['a bad value in an array', () => limit([{ capacity: 5 }, { refillPerSecond: -1 }]), /`limit\(\)\[1\]\.refillPerSecond` must be a finite number > 0, got -1/],
+    ['a named bucket, a bad value', () => limit({ bucket: 'b', capacity: 0 }), /`limit\(\): capacity` must be a finite number > 0, got 0/]
+  ]
+  for (const [name, fn, message] of atLimit) t.throws(fn, { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message }, name)
+  const partial = rateLimit({ failureMode: 'open', logger: memoryLogger() })
+  t.teardown(() => partial.close())
+  t.throws(() => partial(), { message: /`limit\(\): capacity` must be a finite number > 0 \(set it in rateLimit\(\) or limit\(\)\)/ }, 'a missing capacity, at limit() time')
+})
+
+t.test('without redis: in this process, with a warning, to the console by default', async (t) => {
+  const warned: unknown[][] = []
+  const original = console.warn
+  console.warn = (...args: unknown[]) => { warned.push(args) }
+  t.teardown(() => { console.warn = original })
+  const limit = rateLimit({ capacity: 2, refillPerSecond: 1, failureMode: 'open' })
+  t.teardown(() => limit.close())
+  await limit.ready
+  console.warn = original
+  t.same(warned.map((args) => args.length), [1], 'the message alone: it is about nothing more')
+  t.match(warned, [[/no `redis` given, limits are kept in this process only/]])
+  const app = express5()
+  app.get('/x', limit(), ok)
+  const get = await listen(t, app)
+  t.same([(await get('/x')).status, (await get('/x')).status, (await get('/x')).status], [200, 200, 429])
+})
