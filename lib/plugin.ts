@@ -35,6 +35,7 @@ import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
 } from './options.js'
+import { metricsOption } from './options.js'
 import type { Policy } from './types.js'
 import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
@@ -73,6 +74,7 @@ const PLUGIN_CHECKS = {
   ipv6Subnet,
   breaker,
   denialCache,
+  metrics: metricsOption,
   notFound: notFoundOption,
   warnings
 }
@@ -120,6 +122,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    metrics: options.metrics,
     logger: app.log
   })
   const global = options.global ?? true
