@@ -12,6 +12,7 @@
 import { readdir, readFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
+import type { Meter } from '@opentelemetry/api'
 import { MeterProvider, MetricReader, type CollectionResult } from '@opentelemetry/sdk-metrics'
 import Fastify from 'fastify'
 import t from 'tap'
@@ -265,6 +266,15 @@ t.test('shadow decisions carry `shadow: true`; a closed recorder ignores the bre
   t.same(snapshot['tollgate.breaker.state'], { 'state=closed': 0, 'state=half-open': 0, 'state=open': 0 })
   t.equal(snapshot['tollgate.breaker.transitions'], undefined)
 })
+
+/** Checked by `npm run lint` (never run): @opentelemetry/api's Meter fits the option; a provider does not. */
+export function compiles (meter: Meter): void {
+  createLimiter({ metrics: { meter } })
+  // @ts-expect-error a Meter, not a MeterProvider
+  createLimiter({ metrics: { meter: new MeterProvider() } })
+  // @ts-expect-error the Meter itself is not the option
+  createLimiter({ metrics: meter })
+}
 
 t.test('lib/ never imports @opentelemetry: nothing is loaded unless the user passes a Meter', async (t) => {
   const dir = join(ROOT, 'lib')
