@@ -122,6 +122,12 @@ if (typeof tollgate.default !== 'function' || typeof tollgate.createLimiter !== 
 console.log('cjs ok')
 `
 
+/** The README's metrics example uses these; the versions of the repo's devDependencies. */
+const METRICS_PACKAGES = await (async () => {
+  const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
+  return Object.fromEntries(Object.entries(devDependencies).filter(([name]) => name.startsWith('@opentelemetry/')))
+})()
+
 interface Project { dir: string, newest: string, tarball: string, files: string[], installLog: string, seconds: { pack: number, install: number } }
 
 /** Packs a copy of the checkout (so the running suite's dist/ is left alone) and installs it. */
@@ -146,7 +152,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', ioredis: `^${newest}`, '@types/node': '^20' }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', ioredis: `^${newest}`, '@types/node': '^20', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -198,7 +204,7 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['fastify', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', 'fastify', 'ioredis'])
 })
 
 t.test('installs next to fastify@5 and the newest ioredis without a peer warning', async (t) => {
