@@ -7,6 +7,10 @@
 //
 //   REDIS_URL=redis://127.0.0.1:6379 node bench/hot-path.mjs dist [/other/checkout/dist ...]
 //
+// A dir written `<dir>+metrics` is that build with OpenTelemetry metrics on
+// (`metrics: { meter }`, a MeterProvider of @opentelemetry/sdk-metrics whose
+// reader is never collected during the run), to be compared with `<dir>`.
+//
 // Environment: ROUNDS (default 8), CALLS (20000), CONCURRENCY (32), TIMEOUT
 // (the limiter's deadline, ms, default 10 as in production; the sources
 // printed show whether any call missed it).
@@ -30,9 +34,21 @@ await redis.ping() // connected before the first decision
 const policy = { bucket: 'bench', capacity: 1e12, refillPerSecond: 1e6, failureMode: 'open' }
 
 const builds = []
-for (const [i, dir] of dirs.entries()) {
+for (const [i, arg] of dirs.entries()) {
+  const [dir, withMetrics] = arg.endsWith('+metrics') ? [arg.slice(0, -'+metrics'.length), true] : [arg, false]
   const { createLimiter } = await import(pathToFileURL(resolve(dir, 'index.js')).href)
-  builds.push({ dir, limiter: createLimiter({ redis, prefix: `bench-hot-${i}`, timeout: TIMEOUT }), perCall: [], sources: {} })
+  const options = { redis, prefix: `bench-hot-${i}`, timeout: TIMEOUT }
+  if (withMetrics) options.metrics = { meter: await sdkMeter() } // no `metrics` key otherwise: older builds reject it
+  builds.push({ dir: arg, limiter: createLimiter(options), perCall: [], sources: {} })
+}
+
+async function sdkMeter () {
+  const { MeterProvider, MetricReader } = await import('@opentelemetry/sdk-metrics')
+  class Reader extends MetricReader {
+    async onShutdown () {}
+    async onForceFlush () {}
+  }
+  return new MeterProvider({ readers: [new Reader()] }).getMeter('bench')
 }
 
 async function round (build) {

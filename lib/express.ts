@@ -35,7 +35,7 @@ import {
   POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Logger, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Logger, MetricsOptions, RedisClient } from './types.js'
 
 const START_WAIT_MS = 2000
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
@@ -123,6 +123,8 @@ export interface ExpressOptions extends ExpressPolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /** OpenTelemetry metrics, off unless set: `{ meter }` (README "Metrics"). */
+  metrics?: MetricsOptions | undefined
   /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
   handler?: DeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
@@ -189,6 +191,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    metrics: options.metrics,
     logger: log
   })
   const ready = start(core, options.redis, log)

@@ -11,6 +11,24 @@ export const breakerChannel = diagnostics.channel('tollgate:breaker')
 
 type FallbackSource = Extract<DecisionSource, 'local' | 'fail-open' | 'fail-closed'>
 
+/** A breaker state, as 'tollgate:breaker' and the metrics name it. */
+export type BreakerState = 'closed' | 'open' | 'half-open'
+
+/** How a store call settled: a reply, the deadline, or a rejection. */
+export type CallOutcome = 'ok' | 'timeout' | 'error'
+
+/**
+ * Optional hooks for a Guard's owner (lib/metrics.ts). Absent, the guard
+ * computes nothing for them: each call site is an optional call, whose
+ * arguments are not evaluated when there is no observer.
+ */
+export interface GuardObserver {
+  /** A store call settled, `ms` after it was sent (on the guard's monotonic clock). */
+  call (ms: number, outcome: CallOutcome): void
+  /** The breaker turned to `state`. */
+  breaker (state: BreakerState): void
+}
+
 /**
  * Reply errors that say the server cannot serve us now (loading its data,
  * stuck in a script, without a master, read-only, out of memory or disk,
@@ -39,6 +57,8 @@ export function provesAlive (cause: unknown): boolean {
  *   recovery with the number of fallback decisions made meanwhile.
  * - Durations come from `clock`, monotonic: a step of the wall clock
  *   neither prolongs nor cuts a cool-down.
+ * - An optional `observer` hears how long each store call took, from send
+ *   to settle, and every breaker change (the limiter's metrics).
  *
  * A reply error from a Redis that can serve us (WRONGTYPE from a foreign
  * key under our prefix, a script error; see UNUSABLE for the exceptions)
@@ -51,6 +71,7 @@ export class Guard {
   readonly #logger: Logger | undefined
   readonly #clock: Clock
   readonly #deadlines: Deadlines
+  readonly #observer: GuardObserver | undefined
   #failures = 0
   /** Clock time at which the open breaker lets a probe through; undefined while closed. */
   #openUntil: number | undefined
@@ -59,11 +80,12 @@ export class Guard {
   #failingSince: number | undefined
   #fallbacks: Record<FallbackSource, number> = { local: 0, 'fail-open': 0, 'fail-closed': 0 }
 
-  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic) {
+  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver) {
     this.#store = store
     this.#breaker = breaker
     this.#logger = logger
     this.#clock = clock
+    this.#observer = observer
     this.#deadlines = new Deadlines(clock)
   }
 
@@ -121,6 +143,7 @@ export class Guard {
     if (this.#probing || this.#clock() < this.#openUntil) return undefined
     this.#probing = true
     if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
+    this.#observer?.breaker('half-open')
     return true
   }
 
@@ -128,6 +151,7 @@ export class Guard {
   #watch<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
     done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
     const deadline = this.#deadlines.start(timeoutMs, (err) => {
+      this.#observer?.call(this.#clock() - deadline.startedAt, 'timeout')
       this.#failed(err, probe)
       failed(err)
     })
@@ -139,10 +163,12 @@ export class Guard {
     }
     sent.then((value) => {
       if (!this.#deadlines.settle(deadline)) return
+      this.#observer?.call(this.#clock() - deadline.startedAt, 'ok')
       this.#succeeded()
       done(value, deadline.startedAt)
     }, (cause: unknown) => {
       if (!this.#deadlines.settle(deadline)) return
+      this.#observer?.call(this.#clock() - deadline.startedAt, 'error')
       failed(this.#refused(cause, probe, specs))
     })
   }
@@ -173,6 +199,7 @@ export class Guard {
     if (probe || (this.#openUntil === undefined && this.#failures >= this.#breaker.failures)) {
       this.#openUntil = this.#clock() + this.#breaker.cooldownMs
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'open', cooldownMs: this.#breaker.cooldownMs })
+      this.#observer?.breaker('open')
       this.#store.recover?.()
     }
   }
@@ -183,6 +210,7 @@ export class Guard {
       this.#openUntil = undefined
       this.#probing = false
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'closed' })
+      this.#observer?.breaker('closed')
     }
     if (this.#failingSince !== undefined) {
       const downMs = this.#clock() - this.#failingSince

@@ -14,8 +14,8 @@ export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
 } from './plugin-types.js'
 export type {
-  BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, Limiter,
-  LimiterOptions, LocalPolicy, Logger, Policy, RedisClient, StoreStateMessage
+  BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, InstrumentOptions, Limiter,
+  LimiterOptions, LocalPolicy, Logger, MetricAttributes, MetricsMeter, MetricsOptions, Policy, RedisClient, StoreStateMessage
 } from './types.js'
 
 /**

@@ -1,13 +1,15 @@
 import diagnostics from 'node:diagnostics_channel'
 import { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
+import { monotonic } from './deadline.js'
 import { Guard } from './guard.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
+import { Metrics } from './metrics.js'
 import {
   DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, deadlineMs, denialCache, lease, isRecord, keyPrefix,
-  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
+  localPolicy, metricsOption, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import { RedisStore } from './redis-store.js'
 import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
@@ -39,6 +41,7 @@ const LIMITER_CHECKS = {
   timeout: deadlineMs,
   breaker,
   denialCache,
+  metrics: metricsOption,
   logger: (value: unknown, name: string) => {
     if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
       throw optionError(name, value, 'a logger with warn, info and error methods')
@@ -95,9 +98,10 @@ export function createCore (options: LimiterOptions = {}): Core {
   const memory = new MemoryStore()
   const local = new MemoryStore({ maxKeys: 10_000 })
   const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
+  const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, redis !== undefined)
   const guard = redis === undefined
     ? undefined
-    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, options.logger)
+    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, options.logger, monotonic, metrics)
   const leases = new LeaseBook(10_000)
   let flights: LeaseFlights | undefined
   const checked = new WeakSet<object>()
@@ -168,6 +172,7 @@ export function createCore (options: LimiterOptions = {}): Core {
 
   function published (clientKey: string, decision: Decision): Decision {
     if (decisionChannel.hasSubscribers) decisionChannel.publish({ key: clientKey, decision })
+    metrics?.decided(decision)
     return decision
   }
 
@@ -251,6 +256,7 @@ export function createCore (options: LimiterOptions = {}): Core {
       denials?.clear()
       memory.clear()
       local.clear()
+      metrics?.close()
     },
     get state () {
       return guard?.state ?? 'healthy'

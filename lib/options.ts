@@ -1,5 +1,5 @@
 import { describe, optionError } from './errors.js'
-import type { BreakerOptions, FailureMode, LocalPolicy, RedisClient } from './types.js'
+import type { BreakerOptions, FailureMode, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
 export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
@@ -215,6 +215,19 @@ export function denialCache (value: unknown, name: string): void {
   if (value === false) return
   if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys }')
   checkFields(value, { maxKeys: positiveInteger }, name + '.')
+}
+
+const METER_METHODS = ['createCounter', 'createUpDownCounter', 'createHistogram'] as const
+
+export function metricsOption (value: unknown, name: string): asserts value is MetricsOptions {
+  if (!isRecord(value)) throw optionError(name, value, 'an object { meter }')
+  checkFields(value, { meter }, name + '.', { meter: 'an OpenTelemetry Meter' })
+}
+
+function meter (value: unknown, name: string): void {
+  if (!isRecord(value) || METER_METHODS.some((method) => typeof value[method] !== 'function')) {
+    throw optionError(name, value, `an OpenTelemetry Meter (with ${METER_METHODS.join(', ')})`)
+  }
 }
 
 /** Closest known name by edit distance, when it is close enough to be a likely typo. */

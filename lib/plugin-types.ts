@@ -9,7 +9,7 @@
 // untyped route config.
 
 import type { FastifyRequest, RouteGenericInterface } from 'fastify'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
 export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {
@@ -69,6 +69,8 @@ export interface TollgateOptions extends RoutePolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /** OpenTelemetry metrics, off unless set: `{ meter }`, a Meter of @opentelemetry/api. */
+  metrics?: MetricsOptions | undefined
   /**
    * Configuration warnings (default all on): `proxy`, requests that came
    * through a proxy Fastify does not trust. `false` silences every one.

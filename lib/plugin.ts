@@ -93,6 +93,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    metrics: options.metrics,
     logger: app.log
   })
   const { limiter } = core

@@ -15,7 +15,7 @@ import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { checkPolicy } from './limiter.js'
 import {
   FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+  localPolicy, metricsOption, nonEmptyString, oneOf, positiveNumber, redisClient
 } from './options.js'
 import type { Policy } from './types.js'
 
@@ -42,7 +42,8 @@ export const STORE_CHECKS: Record<string, Check> = {
   prefix: keyPrefix,
   ipv6Subnet,
   breaker,
-  denialCache
+  denialCache,
+  metrics: metricsOption
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */

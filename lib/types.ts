@@ -82,6 +82,33 @@ export interface Logger {
   error(obj: object, msg: string): void
 }
 
+/** Attributes of one measurement. */
+export type MetricAttributes = Record<string, string | boolean>
+
+/** Options of an instrument, as @opentelemetry/api's `MetricOptions`. */
+export interface InstrumentOptions {
+  description?: string
+  unit?: string
+  advice?: { explicitBucketBoundaries?: number[] }
+}
+
+/**
+ * What tollgate uses of an OpenTelemetry `Meter` (@opentelemetry/api 1.x,
+ * an optional peer): `metrics.getMeter('tollgate')` or a MeterProvider's
+ * `getMeter()` fits. Declared here rather than imported, for the reason
+ * RedisClient is (see the top of this file).
+ */
+export interface MetricsMeter {
+  createCounter (name: string, options?: InstrumentOptions): { add (value: number, attributes?: MetricAttributes): void }
+  createUpDownCounter (name: string, options?: InstrumentOptions): { add (value: number, attributes?: MetricAttributes): void }
+  createHistogram (name: string, options?: InstrumentOptions): { record (value: number, attributes?: MetricAttributes): void }
+}
+
+/** OpenTelemetry metrics of one limiter (README "Metrics" lists the instruments). */
+export interface MetricsOptions {
+  meter: MetricsMeter
+}
+
 export interface LimiterOptions {
   /** Shared store; omitted, an in-process store (one process only). */
   redis?: RedisClient | undefined
@@ -96,6 +123,8 @@ export interface LimiterOptions {
    */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
   logger?: Logger | undefined
+  /** OpenTelemetry metrics, off unless set. */
+  metrics?: MetricsOptions | undefined
 }
 
 export interface Limiter {

@@ -148,6 +148,11 @@ const server = app.listen(0, '127.0.0.1', async () => {
   await redis.quit()
 })
 `
+/** The README's metrics example uses these; the versions of the repo's devDependencies. */
+const METRICS_PACKAGES = await (async () => {
+  const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
+  return Object.fromEntries(Object.entries(devDependencies).filter(([name]) => name.startsWith('@opentelemetry/')))
+})()
 
 interface Project { dir: string, newest: string, tarball: string, files: string[], installLog: string, seconds: { pack: number, install: number } }
 
@@ -173,7 +178,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^20' }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^20', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -226,7 +231,7 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['express', 'fastify', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', 'express', 'fastify', 'ioredis'])
 })
 
 t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {
