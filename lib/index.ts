@@ -9,6 +9,8 @@ export { plugin as tollgate }
 export { decisionChannel } from './limiter.js'
 export { stateChannel, breakerChannel } from './guard.js'
 export { RateLimitedError, UnavailableError, BadRequestInputError, StoreError } from './errors.js'
+export type { Reservation } from './settle.js'
+export type { Tier } from './tiers.js'
 export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
 } from './plugin-types.js'

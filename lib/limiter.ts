@@ -10,16 +10,20 @@ import {
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import { RedisStore } from './redis-store.js'
+import { settlements, type Reservation } from './settle.js'
 import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
 
 /** Internal entry of the Fastify layer: one cost per policy, already checked. */
 export const kDecide = Symbol('tollgate.decide')
+/** Internal entry of the Fastify layer: a reserve, one cost per policy, already checked. */
+export const kReserve = Symbol('tollgate.reserve')
 /** Internal: loads the scripts (on every master of a Cluster) ahead of the first decision. */
 export const kWarm = Symbol('tollgate.warm')
 
 export interface CoreLimiter extends Limiter {
   [kDecide](clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+  [kReserve](clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
   [kWarm](): Promise<void>
 }
 
@@ -92,6 +96,7 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
   const denials = guard === undefined || options.denialCache === false
     ? undefined
     : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
+  const book = settlements({ redis, guard, memory, local, denials, defaultTimeout, logger: options.logger, summarize, failed })
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -152,6 +157,12 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
       if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
       return published(clientKey, decision)
     }, () => published(clientKey, fallback(guard, list, specs, consume)))
+  }
+
+  async function reserve (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation> {
+    const reservation = await book.reserve(list, specsOf(clientKey, list, costs))
+    published(clientKey, reservation.decision)
+    return reservation
   }
 
   function published (clientKey: string, decision: Decision): Decision {
@@ -223,9 +234,22 @@ export function createLimiter (options: LimiterOptions = {}): CoreLimiter {
 
   return {
     [kDecide]: decide,
+    [kReserve]: reserve,
     [kWarm]: async () => { await redis?.warm() },
     consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
     peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
+    async reserve (clientKey, policy, cost) {
+      const list = policiesOf(policy)
+      checkCall(clientKey, list, cost)
+      for (const p of list) {
+        if (p.lease !== undefined) throw optionError('policy.lease', p.lease, 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach')
+      }
+      return await reserve(clientKey, list, cost === undefined ? undefined : list.map(() => cost))
+    },
+    settle: (reservation, actual) => book.settle(reservation, actual),
+    get failedSettlements () {
+      return book.failures
+    },
     async reset (clientKey, bucket) {
       nonEmptyString(bucket, 'bucket')
       checkCall(clientKey, [], undefined)

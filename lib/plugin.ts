@@ -36,6 +36,8 @@ import {
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
 } from './options.js'
 import type { Policy } from './types.js'
+import { RESERVATION, checkSettle, reserveFor, settleResponse, type SettleFunction } from './settle-route.js'
+import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
 import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
@@ -62,7 +64,9 @@ const ROUTE_CHECKS = {
   headers: oneOf(HEADER_MODES),
   hook: oneOf(HOOKS),
   allow: isFunction,
-  lease
+  lease,
+  limit: isFunction,
+  settle: isFunction
 }
 
 const PLUGIN_CHECKS = {
@@ -78,7 +82,7 @@ const PLUGIN_CHECKS = {
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
-const ROUTE_WIDE = ['key', 'headers', 'hook', 'allow'] as const
+const ROUTE_WIDE = ['key', 'headers', 'hook', 'allow', 'settle'] as const
 
 type CostFn = (request: FastifyRequest) => number | Promise<number>
 type KeyFn = (request: FastifyRequest) => string | Promise<string>
@@ -96,6 +100,8 @@ interface RouteLimit {
   allow: AllowFn | undefined
   headers: HeaderMode
   policyHeaders: PolicyHeaders
+  tiers: Tiers<FastifyRequest, RouteLimit> | undefined
+  settle: SettleFunction<FastifyRequest, FastifyReply> | undefined
 }
 
 /** The request, with the guard against checking it twice (kept off Fastify's public types). */
@@ -150,6 +156,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   }
   const decorator: TollgateDecorator = {
     consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
+    reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, programmatic(policy), spend),
+    settle: (reservation, actual) => limiter.settle(reservation, actual),
     peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
     reset: (clientKey, bucket) => limiter.reset(clientKey, bucket),
     limiter
@@ -157,6 +165,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorate('tollgate', decorator)
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
+  app.decorateRequest(RESERVATION, undefined)
+  app.addHook('onResponse', async (request, reply) => { await settleResponse(limiter, request, reply, request.log) })
 
   const check = checker(limiter, subnet, app, onIp)
   const limitOf = routeLimits(defaults, global)
@@ -291,6 +301,12 @@ function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance, on
       }
     }
 
+    if (limit.tiers !== undefined) {
+      const chosen = await limit.tiers.resolve(limit, request)
+      if (chosen === null) return
+      limit = chosen
+    }
+
     let costs: number[] | undefined
     for (let i = 0; i < limit.costFns.length; i++) {
       const fn = limit.costFns[i]
@@ -305,7 +321,9 @@ function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance, on
       costs[i] = value
     }
 
-    const decision = await limiter[kDecide](client as string, limit.policies, costs, true)
+    const decision = limit.settle === undefined
+      ? await limiter[kDecide](client as string, limit.policies, costs, true)
+      : await reserveFor(limiter, request, client as string, limit.policies, costs, limit.settle, limit.name)
     request.rateLimit = decision
     if (decision.source === 'fail-open') return
     if (decision.source === 'fail-closed') {
@@ -391,6 +409,8 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy, whe
     if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], `the same in every policy of the route (it is one per route)`)
   }
   const headers = (findWide(config, 'headers') ?? defaults.headers ?? 'draft-6') as HeaderMode
+  const settle = (findWide(config, 'settle') ?? defaults.settle) as RouteLimit['settle']
+  checkSettle(settle, policies, where)
   return {
     name,
     hook: (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as Hook,
@@ -399,7 +419,9 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy, whe
     key: (findWide(config, 'key') ?? defaults.key) as KeyFn | undefined,
     allow: (findWide(config, 'allow') ?? defaults.allow) as AllowFn | undefined,
     headers,
-    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
+    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
+    tiers: compileTiers(list.map((e) => ((e as RoutePolicy).limit ?? defaults.limit) as LimitFunction<FastifyRequest> | undefined)),
+    settle
   }
 }
 
