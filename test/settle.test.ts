@@ -135,6 +135,30 @@ t.test('several policies settle together; a refund clears the cached denial it m
   t.ok((burst as number) > 900_000 && (day as number) > 900_000, 'both buckets hold the one settled request (1 token at 0.001/s: 1000 s)')
 })
 
+t.test('a refund on a route of several policies clears the cached denial of a route on one of its buckets', async (t) => {
+  let settled = (_: number): Promise<void> => Promise.resolve()
+  let release = (): void => {}
+  const gate = new Promise<void>((resolve) => { release = resolve })
+  const burst = { bucket: 'burst', capacity: 1, refillPerSecond: 0.001 }
+  const { app } = await buildApp(t, {
+    plugin: { capacity: 100, refillPerSecond: 1 },
+    routes: (app) => {
+      app.get('/job', { config: { rateLimit: [{ ...burst, settle: () => 0 }, { bucket: 'day', capacity: 50, refillPerSecond: 0.001 }] } }, async () => { await gate; return 'job' })
+      app.get('/burst', { config: { rateLimit: burst } }, async () => 'burst')
+      settled = settlements(app)
+    }
+  })
+  const job = app.inject('/job')
+  await sleep(50)
+  t.equal((await app.inject('/burst')).statusCode, 429, 'the burst bucket is held by the job')
+  t.equal((await app.inject('/burst')).headers['ratelimit-remaining'], '0', 'denied again, from the cache')
+  release()
+  t.equal((await job).statusCode, 200)
+  await settled(3)
+  const after = await app.inject('/burst')
+  t.equal(after.statusCode, 200, 'the job\'s refund clears the single bucket\'s cached denial too')
+})
+
 t.test('the local fallback reserves and settles in its own bucket', async (t) => {
   const port = await freePort()
   const redis = new Redis(port, { lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
