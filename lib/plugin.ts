@@ -36,7 +36,7 @@ import {
   isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
 } from './options.js'
 import type { Policy } from './types.js'
-import { RESERVATION, checkSettle, reserveFor, settleResponse, type SettleFunction } from './settle-route.js'
+import { RESERVATION, checkSettle, reserveFor, settleHook, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
 import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
@@ -166,7 +166,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
   app.decorateRequest(RESERVATION, undefined)
-  app.addHook('onResponse', async (request, reply) => { await settleResponse(limiter, request, reply, request.log) })
+  app.addHook('onResponse', settleHook(limiter))
 
   const check = checker(limiter, subnet, app, onIp)
   const limitOf = routeLimits(defaults, global)

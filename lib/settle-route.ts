@@ -54,6 +54,17 @@ export async function reserveFor<Q extends object> (limiter: CoreLimiter, reques
   return reservation.decision
 }
 
+/**
+ * The `onResponse` hook: settles the request's reservation, if it holds
+ * one. Requests without one (most) cost a property read, no promise.
+ */
+export function settleHook<Q extends object & { log: ErrorLog }, P> (limiter: CoreLimiter) {
+  return function tollgateSettle (request: Q, reply: P, done: () => void): void {
+    if ((request as Carrier)[kReservation] === undefined) return done()
+    settleResponse(limiter, request, reply, request.log).then(done, done)
+  }
+}
+
 /** After the response: settles the request's reservation, if it holds one; never throws. */
 export async function settleResponse<Q extends object, P> (limiter: CoreLimiter, request: Q, reply: P, log: ErrorLog): Promise<void> {
   const pending = (request as Carrier)[kReservation]
