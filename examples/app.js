@@ -83,6 +83,52 @@ app.post('/pay', {
   return { paid: true }
 })
 
+// Plans: the client's plan picks its limit per request. Here the plan comes
+// from an `x-plan` header so that curl can show it; a real app reads it from
+// its authentication (an API key, a session). The headers describe the
+// client's own plan: RateLimit-Limit 10 for free, 100 for pro; an internal
+// caller is not limited. The plan objects are made once, so each is
+// validated once. A client whose plan changes keeps its bucket (see "Plans
+// and tiers" in the README).
+const PLANS = {
+  free: { capacity: 10, refillPerSecond: 1 / 6 },
+  pro: { capacity: 100, refillPerSecond: 10 }
+}
+app.get('/plans/report', {
+  config: {
+    rateLimit: {
+      failureMode: 'open',
+      limit: (request) => {
+        const plan = request.headers['x-plan']
+        if (plan === 'internal') return false
+        return plan === 'pro' ? PLANS.pro : PLANS.free
+      }
+    }
+  }
+}, async (request) => ({ plan: request.headers['x-plan'] ?? 'free', limit: request.rateLimit?.limit ?? null }))
+
+// Charged by outcome: an export costs 1 token per KiB it sends, from a
+// bucket of 256 KiB refilled at 16 KiB/s. Each request reserves 8 KiB when it
+// arrives (denied if the bucket cannot afford even that); once the response
+// is sent, the difference to its real size is charged or refunded. A large
+// export can leave the bucket in debt: the next ones wait (Retry-After says
+// how long). failureMode 'open': an export is a read; when Redis fails it is
+// not worth an outage.
+app.get('/export', {
+  config: {
+    rateLimit: {
+      capacity: 256,
+      refillPerSecond: 16,
+      cost: 8,
+      failureMode: 'open',
+      settle: (_request, reply) => Number(reply.getHeader('content-length') ?? 0) / 1024
+    }
+  }
+}, async (request) => {
+  const kib = Math.min(1024, Math.max(0, Number(request.query.kib ?? 1) || 0))
+  return 'x'.repeat(kib * 1024)
+})
+
 // Login attempts per user name, on top of the route's per-IP limit (20, then
 // 1 a second, failureMode 'local' from the plugin): an attacker spreading
 // guesses over many IPs still gets 5 tries per account, then one a minute.

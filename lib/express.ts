@@ -31,6 +31,8 @@ import type { HeaderValue } from './headers.js'
 import { createCore } from './limiter.js'
 import { DEFAULT_PREFIX, checkFields, isFunction, isRecord, warnings } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
+import { takeReservation } from './settle-route.js'
+import type { Tier } from './tiers.js'
 import {
   POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
   type Defaults, type Dialect, type RouteLimit
@@ -74,6 +76,18 @@ export interface ExpressPolicy {
   allow?(req: Request): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /**
+   * The client's plan, per request: `{ capacity, refillPerSecond }` over
+   * this policy, or false for no limit. Each returned object is validated
+   * once: return the same objects (`PLANS[user.plan]`).
+   */
+  limit?(req: Request): Tier | false | Promise<Tier | false>
+  /**
+   * Charging by outcome: the request reserves `cost`, and once the response
+   * is finished this gives the actual cost (0: free); the difference is
+   * refunded or charged. One per route.
+   */
+  settle?(req: Request, res: Response): number | Promise<number>
 }
 
 /** The error a denied request carries to `handler` (and, from there, to `next`). */
@@ -132,7 +146,7 @@ export interface ExpressOptions extends ExpressPolicy {
 }
 
 /** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
-export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers'> {
+export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle'> {
   bucket: string
   cost?: number | undefined
 }
@@ -197,7 +211,8 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     ip: (req) => req.ip,
     onAddress: proxy,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Express's 'trust proxy' so that req.ip is the client's address; otherwise give a \`key\` function`) },
-    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`)
+    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const compile = registry(defaults)
   const deny = denier(options.handler)
@@ -220,10 +235,13 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       next(err)
       return
     }
-    layer.decide(limit, req).then((decision) => {
-      if (decision === undefined) return next()
+    layer.decide(limit, req).then((decided) => {
+      if (decided === undefined) return next()
+      const { decision } = decided
       req.rateLimit = decision
-      const denial = answer(limit, decision, res, setHeader)
+      const pending = takeReservation(req)
+      if (pending !== undefined) res.on('finish', () => { void layer.settle(pending, req, res) })
+      const denial = answer(decided.limit, decision, res, setHeader)
       if (denial === undefined) return next()
       deny(req, res, next, denial, decision)
     }, next)

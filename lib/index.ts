@@ -10,6 +10,8 @@ export { decisionChannel } from './limiter.js'
 export { stateChannel, breakerChannel } from './guard.js'
 export { RateLimitedError, UnavailableError, BadRequestInputError } from './plugin-errors.js'
 export { StoreError } from './errors.js'
+export type { Reservation } from './settle.js'
+export type { Tier } from './tiers.js'
 export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
 } from './plugin-types.js'

@@ -10,12 +10,13 @@ import {
   localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import { RedisStore } from './redis-store.js'
+import { settlements, type Reservation } from './settle.js'
 import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
 
 /**
  * What the request layer (lib/request.ts) uses of the core: the public
- * limiter, and two entries that only the framework adapters need.
+ * limiter, and the entries that only the framework adapters need.
  */
 export interface Core {
   /** The public limiter (`createLimiter()`, `app.tollgate.limiter`). */
@@ -26,6 +27,8 @@ export interface Core {
    * checked once per route, the costs checked per request.
    */
   decide(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+  /** A reserve, one cost per policy, already checked (as `decide`); settled through `limiter.settle`. */
+  reserve(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
   /** Loads the scripts (on every master of a Cluster) ahead of the first decision. */
   warm(): Promise<void>
 }
@@ -104,6 +107,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   const denials = guard === undefined || options.denialCache === false
     ? undefined
     : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
+  const book = settlements({ redis, guard, memory, local, denials, defaultTimeout, logger: options.logger, summarize, failed })
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -164,6 +168,12 @@ export function createCore (options: LimiterOptions = {}): Core {
       if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
       return published(clientKey, decision)
     }, () => published(clientKey, fallback(guard, list, specs, consume)))
+  }
+
+  async function reserve (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation> {
+    const reservation = await book.reserve(list, specsOf(clientKey, list, costs))
+    published(clientKey, reservation.decision)
+    return reservation
   }
 
   function published (clientKey: string, decision: Decision): Decision {
@@ -236,6 +246,18 @@ export function createCore (options: LimiterOptions = {}): Core {
   const limiter: Limiter = {
     consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
     peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
+    async reserve (clientKey, policy, cost) {
+      const list = policiesOf(policy)
+      checkCall(clientKey, list, cost)
+      for (const p of list) {
+        if (p.lease !== undefined) throw optionError('policy.lease', p.lease, 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach')
+      }
+      return await reserve(clientKey, list, cost === undefined ? undefined : list.map(() => cost))
+    },
+    settle: (reservation, actual) => book.settle(reservation, actual),
+    get failedSettlements () {
+      return book.failures
+    },
     async reset (clientKey, bucket) {
       nonEmptyString(bucket, 'bucket')
       checkCall(clientKey, [], undefined)
@@ -256,7 +278,7 @@ export function createCore (options: LimiterOptions = {}): Core {
       return guard?.state ?? 'healthy'
     }
   }
-  return { limiter, decide, warm: async () => { await redis?.warm() } }
+  return { limiter, decide, reserve, warm: async () => { await redis?.warm() } }
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */

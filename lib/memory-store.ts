@@ -67,6 +67,60 @@ export class MemoryStore {
     return { allowed, buckets }
   }
 
+  /**
+   * The reserve of lua/settle.lua: the consume of decideSync, but a bucket
+   * may be in debt, up to two windows ahead (see the script's header).
+   */
+  reserveSync (specs: readonly BucketSpec[]): StoreReply {
+    const now = this.#now()
+    const values: number[] = []
+    let allowed = true
+    for (const spec of specs) {
+      const window = spec.capacity * (1e6 / spec.refillPerSecond)
+      const busy = this.#busy(spec.key, now, 2 * window)
+      const over = busy + spec.cost * (1e6 / spec.refillPerSecond) - window
+      if (over > 0) allowed = false
+      values.push(over > 0 ? -Math.ceil(over) : busy)
+    }
+    if (allowed) {
+      for (let i = 0; i < specs.length; i++) {
+        const spec = specs[i] as BucketSpec
+        values[i] = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+      }
+    }
+    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)) }
+  }
+
+  /**
+   * The settle of lua/settle.lua: moves each bucket's full-at time by its
+   * change (`changes[i]`, microseconds: < 0 a refund, > 0 a charge), never
+   * past full nor more than two windows ahead. Returns each bucket's
+   * microseconds until full.
+   */
+  settleSync (specs: readonly BucketSpec[], changes: readonly number[]): number[] {
+    const now = this.#now()
+    return specs.map((spec, i) => {
+      const limit = 2 * (spec.capacity * (1e6 / spec.refillPerSecond))
+      return this.#write(spec.key, now, Math.min(limit, this.#busy(spec.key, now, limit) + (changes[i] as number)))
+    })
+  }
+
+  /** Microseconds until full, read as at most `limit` (a clock step back). */
+  #busy (key: string, now: number, limit: number): number {
+    return Math.min(limit, Math.max(0, (this.#fullAt.get(key) ?? now) - now))
+  }
+
+  /** Stores `now + busy`, busy rounded up to a whole microsecond; a full bucket is dropped. */
+  #write (key: string, now: number, busy: number): number {
+    const whole = Math.ceil(busy)
+    if (whole <= 0) {
+      this.#fullAt.delete(key)
+      return 0
+    }
+    this.#fullAt.set(key, now + whole)
+    return whole
+  }
+
   async reset (key: string): Promise<void> {
     this.#fullAt.delete(key)
   }

@@ -8,7 +8,9 @@
 // policy typed for a route's generics (`request.params`) still fits the
 // untyped route config.
 
-import type { FastifyRequest, RouteGenericInterface } from 'fastify'
+import type { FastifyReply, FastifyRequest, RouteGenericInterface } from 'fastify'
+import type { Reservation } from './settle.js'
+import type { Tier } from './tiers.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
@@ -37,6 +39,18 @@ export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteG
   allow?(request: FastifyRequest<RouteGeneric>): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /**
+   * The client's plan, per request: `{ capacity, refillPerSecond }` over
+   * this policy, or false for no limit. Each returned object is validated
+   * once: return the same objects (`PLANS[user.plan]`).
+   */
+  limit?(request: FastifyRequest<RouteGeneric>): Tier | false | Promise<Tier | false>
+  /**
+   * Charging by outcome: the request reserves `cost`, and after the
+   * response this gives the actual cost (0: free); the difference is
+   * refunded or charged. One per route.
+   */
+  settle?(request: FastifyRequest<RouteGeneric>, reply: FastifyReply): number | Promise<number>
 }
 
 /**
@@ -103,6 +117,10 @@ export interface ProgrammaticPolicy {
 export interface TollgateDecorator {
   consume (clientKey: string, policy: ProgrammaticPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: ProgrammaticPolicy): Promise<Decision>
+  /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
+  reserve (clientKey: string, policy: ProgrammaticPolicy, cost?: number): Promise<Reservation>
+  /** Refunds or charges the difference between the actual cost and the reservation. */
+  settle (reservation: Reservation, actual: number): Promise<void>
   reset (clientKey: string, bucket: string): Promise<void>
   /** The core limiter behind the plugin. */
   readonly limiter: Limiter

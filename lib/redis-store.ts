@@ -31,6 +31,8 @@ function script (file: string): Script {
 export const TOKEN_BUCKET: Script = script('token-bucket.lua')
 /** lua/lease.lua. */
 export const LEASE: Script = script('lease.lua')
+/** lua/settle.lua. */
+export const SETTLE: Script = script('settle.lua')
 
 function isCluster (redis: RedisClient): redis is Cluster {
   return redis.isCluster
@@ -113,6 +115,28 @@ export class RedisStore implements Store, LeaseStore {
     }
   }
 
+  /** The reserve of lua/settle.lua: a consume that reads a bucket in debt as such. */
+  async reserve (specs: readonly BucketSpec[]): Promise<StoreReply> {
+    this.#ready()
+    const args: Array<string | number> = []
+    for (const spec of specs) args.push(spec.key)
+    args.push('1')
+    for (const spec of specs) pushBucketArgs(args, spec)
+    const values = await this.#run(SETTLE, specs.length, args) as number[]
+    const buckets = specs.map((spec, i) => bucketState(values[i] as number, spec))
+    return { allowed: values.every((v) => v >= 0), buckets }
+  }
+
+  /** The settle of lua/settle.lua: each bucket's change in microseconds; replies each one's microseconds until full. */
+  async settle (specs: readonly BucketSpec[], changes: readonly number[]): Promise<number[]> {
+    this.#ready()
+    const args: Array<string | number> = []
+    for (const spec of specs) args.push(spec.key)
+    args.push('2')
+    for (let i = 0; i < specs.length; i++) args.push((specs[i] as BucketSpec).capacity * (1e6 / (specs[i] as BucketSpec).refillPerSecond), changes[i] as number, 0)
+    return await this.#run(SETTLE, specs.length, args) as number[]
+  }
+
   /**
    * A Cluster client keeps sending a slot to a master that hangs (its socket
    * stays open) until its slot map is refreshed, even after a replica took
@@ -131,7 +155,7 @@ export class RedisStore implements Store, LeaseStore {
   async warm (): Promise<void> {
     const redis = this.#redis
     const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
-    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE].map((s) => node.script('LOAD', s.lua))))
+    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE, SETTLE].map((s) => node.script('LOAD', s.lua))))
   }
 
   async reset (key: string): Promise<void> {

@@ -5,6 +5,7 @@
 // (test/types/ioredis-majors.ts checks it against both).
 
 import type { StoreError } from './errors.js'
+import type { Reservation } from './settle.js'
 
 /** What a limit does when its store fails or misses its deadline. */
 export type FailureMode = 'open' | 'closed' | 'local'
@@ -101,6 +102,21 @@ export interface LimiterOptions {
 export interface Limiter {
   consume(clientKey: string, policy: Policy | readonly Policy[], cost?: number): Promise<Decision>
   peek(clientKey: string, policy: Policy | readonly Policy[]): Promise<Decision>
+  /**
+   * Reserves `cost` (as `consume`), to be settled once with the actual
+   * cost when it is known: see `settle`.
+   */
+  reserve(clientKey: string, policy: Policy | readonly Policy[], cost?: number): Promise<Reservation>
+  /**
+   * Settles a reservation with the actual cost (>= 0): the difference is
+   * refunded (never past capacity) or charged (the bucket may go into debt,
+   * up to `capacity` tokens) in one atomic call; nothing when the reserve
+   * spent nothing. Rejects with a StoreError when the store fails (the
+   * reservation then stands, and `failedSettlements` counts it).
+   */
+  settle(reservation: Reservation, actual: number): Promise<void>
+  /** Settlements the store failed since the limiter started. */
+  readonly failedSettlements: number
   reset(clientKey: string, bucket: string): Promise<void>
   /** Stops timers and drops local state; never closes the Redis client. */
   close(): Promise<void>

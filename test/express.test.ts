@@ -325,6 +325,59 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal(a.headers['ratelimit-remaining'], '87', '13 spent, the batch\'s unspent tokens counted as left')
     })
 
+    t.test("plans: a policy's limit picks the client's capacity and rate per request, false lets it through", async (t) => {
+      const { limit } = limiter(t)
+      const plans: Record<string, { capacity: number, refillPerSecond: number }> = { pro: { capacity: 50, refillPerSecond: 5 }, basic: { capacity: 2, refillPerSecond: 0.01 }, broken: { capacity: -1, refillPerSecond: 1 } }
+      const app = express()
+      app.get('/api', limit({ ...byClient, limit: (req) => plans[req.get('x-plan') ?? ''] ?? false }), ok)
+      const get = await listen(t, app)
+      const pro = await get('/api', { 'x-client': 'p', 'x-plan': 'pro' })
+      t.equal(pro.headers['ratelimit-limit'], '50', "the headers of the client's own plan")
+      t.equal(pro.headers['ratelimit-policy'], '50;w=10')
+      const basic: number[] = []
+      for (let i = 0; i < 3; i++) basic.push((await get('/api', { 'x-client': 'b', 'x-plan': 'basic' })).status)
+      t.same(basic, [200, 200, 429])
+      const free = await get('/api', { 'x-client': 'b', 'x-plan': 'internal' })
+      t.equal(free.status, 200, 'false: no limit')
+      t.same(JSON.parse(free.body), { source: null })
+      t.equal(free.headers['ratelimit-limit'], undefined)
+      const bad = await get('/api', { 'x-client': 'b', 'x-plan': 'broken' })
+      t.equal(bad.status, 500, 'a bad plan is a 500 TOLLGATE_BAD_INPUT')
+    })
+
+    t.test('charging by outcome: settled once the response is finished; successes refunded, failures count', async (t) => {
+      const logger = memoryLogger()
+      const { limit } = limiter(t, { logger })
+      const policy = { bucket: 'login', capacity: 3, refillPerSecond: 0.01 }
+      const app = express()
+      app.post('/login', limit({ ...policy, ...byClient, settle: (req, res) => req.get('x-actual') !== undefined ? Number(req.get('x-actual')) : res.statusCode === 401 ? 1 : 0 }), (req, res) => {
+        res.status(req.get('x-password') === 'right' ? 200 : 401).json({ source: req.rateLimit?.source ?? null })
+      })
+      const post = await listen(t, app)
+      async function left (remaining: number): Promise<void> {
+        for (let i = 0; (await limit.peek('eve', policy)).remaining !== remaining; i++) {
+          if (i > 500) throw new Error(`no settlement to ${remaining} tokens after 5 s`)
+          await new Promise((resolve) => setTimeout(resolve, 10))
+        }
+      }
+      for (let i = 0; i < 5; i++) {
+        t.equal((await post('/login', { 'x-client': 'eve', 'x-password': 'right' }, 'POST')).status, 200)
+        await left(3)
+      }
+      t.pass('five successful logins, each refunded')
+      const statuses: number[] = []
+      for (let i = 0; i < 4; i++) statuses.push((await post('/login', { 'x-client': 'eve' }, 'POST')).status)
+      t.same(statuses, [401, 401, 401, 429], 'three failures spend the bucket')
+      await limit.reset('eve', 'login')
+      t.equal((await post('/login', { 'x-client': 'eve', 'x-password': 'right', 'x-actual': 'NaN' }, 'POST')).status, 200)
+      for (let i = 0; logger.lines.length === 0; i++) {
+        if (i > 500) throw new Error('no log line after 5 s')
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      t.match(logger.lines[0], /settle failed; the reservation stands/)
+      t.equal((await limit.peek('eve', policy)).remaining, 2, 'a bad settle leaves the reservation')
+    })
+
     t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
       const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
       const login = { bucket: 'login', cost: 2 }
