@@ -9,7 +9,7 @@
 // untyped route config.
 
 import type { FastifyRequest, RouteGenericInterface } from 'fastify'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
 export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {
@@ -37,6 +37,12 @@ export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteG
   allow?(request: FastifyRequest<RouteGeneric>): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /**
@@ -80,6 +86,8 @@ export interface TollgateOptions extends RoutePolicy {
    */
   notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
   warnings?: { proxy?: boolean | undefined } | false | undefined
+  /** Most consumes waiting for reserved tokens at once in this process (default 1000); past it, calls do not wait. */
+  maxWaiters?: number | undefined
 }
 
 /**
@@ -97,6 +105,12 @@ export interface ProgrammaticPolicy {
   local?: LocalPolicy | undefined
   timeout?: number | undefined
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */

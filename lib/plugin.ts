@@ -30,10 +30,10 @@ import fp from 'fastify-plugin'
 import { BadRequestInputError, RateLimitedError, UnavailableError, describe, optionError } from './errors.js'
 import { PolicyHeaders, retrySeconds, setHeaders, type HeaderMode } from './headers.js'
 import { ipIdentity } from './keys.js'
-import { checkPolicy, createLimiter, kDecide, kWarm, type CoreLimiter } from './limiter.js'
+import { checkPolicies, checkPolicy, createLimiter, kDecide, kWarm, shownDecision, type CoreLimiter } from './limiter.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, HOOKS, breaker, checkFields, cost, denialCache, ipv6Subnet, lease, isBoolean,
-  isFunction, isRecord, keyPrefix, localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient, warnings
+  isFunction, isRecord, keyPrefix, localPolicy, lockout, maxWaitMs, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient, warnings
 } from './options.js'
 import type { Policy } from './types.js'
 import type { ProgrammaticPolicy, RoutePolicy, TollgateDecorator, TollgateOptions } from './plugin-types.js'
@@ -62,7 +62,10 @@ const ROUTE_CHECKS = {
   headers: oneOf(HEADER_MODES),
   hook: oneOf(HOOKS),
   allow: isFunction,
-  lease
+  lease,
+  shadow: isBoolean,
+  lockout,
+  maxWaitMs
 }
 
 const PLUGIN_CHECKS = {
@@ -74,7 +77,8 @@ const PLUGIN_CHECKS = {
   breaker,
   denialCache,
   notFound: notFoundOption,
-  warnings
+  warnings,
+  maxWaiters: positiveInteger
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -120,6 +124,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    maxWaiters: options.maxWaiters,
     logger: app.log
   })
   const global = options.global ?? true
@@ -313,7 +318,7 @@ function checker (limiter: CoreLimiter, subnet: number, app: FastifyInstance, on
       reply.header('retry-after', seconds)
       throw new UnavailableError(seconds)
     }
-    setHeaders(reply, limit.headers, decision, limit.policyHeaders)
+    setHeaders(reply, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
     if (!decision.allowed) throw new RateLimitedError(retrySeconds(decision.retryAfterMs))
   }
 }
@@ -386,11 +391,13 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy, whe
     costFns.push(typeof spend === 'function' ? spend as CostFn : undefined)
     policies.push(policy)
   }
+  checkPolicies(policies, `${listWhere}rateLimit`)
   for (const field of ROUTE_WIDE) {
     const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
     if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], `the same in every policy of the route (it is one per route)`)
   }
-  const headers = (findWide(config, 'headers') ?? defaults.headers ?? 'draft-6') as HeaderMode
+  const shown = policies.filter((p) => p.shadow !== true)
+  const headers = (shown.length === 0 ? false : findWide(config, 'headers') ?? defaults.headers ?? 'draft-6') as HeaderMode
   return {
     name,
     hook: (findWide(config, 'hook') ?? defaults.hook ?? 'onRequest') as Hook,
@@ -399,7 +406,7 @@ function compileRoute (name: string, config: unknown, defaults: RoutePolicy, whe
     key: (findWide(config, 'key') ?? defaults.key) as KeyFn | undefined,
     allow: (findWide(config, 'allow') ?? defaults.allow) as AllowFn | undefined,
     headers,
-    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
+    policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
   }
 }
 
@@ -418,6 +425,9 @@ function toPolicy (merged: RoutePolicy, bucket: string, where: string): Policy {
   if (merged.local !== undefined) policy.local = merged.local
   if (merged.timeout !== undefined) policy.timeout = merged.timeout
   if (merged.lease !== undefined) policy.lease = merged.lease
+  if (merged.shadow !== undefined) policy.shadow = merged.shadow
+  if (merged.lockout !== undefined) policy.lockout = merged.lockout
+  if (merged.maxWaitMs !== undefined) policy.maxWaitMs = merged.maxWaitMs
   checkPolicy(policy, where)
   return policy
 }
