@@ -105,14 +105,14 @@ function special (list: readonly Policy[]): boolean {
 
 /**
  * What the rate-limit headers show of a decision: shadow policies never
- * show (a client is not told of a limit that does not hold). Without
- * several policies, or without shadow ones among them, the decision itself.
+ * show (a client is not told of a limit that does not hold); the top level
+ * is already the binding enforced policy's. Without several policies, or
+ * without shadow ones among them, the decision itself.
  */
 export function shownDecision (decision: Decision, list: readonly Policy[]): Decision {
   const all = decision.policies
   if (all === undefined || !list.some((p) => p.shadow === true)) return decision
-  const shown = all.filter((_, i) => (list[i] as Policy).shadow !== true)
-  return shown.length === 1 ? shown[0] as Decision : { ...decision, policies: shown }
+  return { ...decision, policies: all.filter((_, i) => (list[i] as Policy).shadow !== true) }
 }
 
 /**
