@@ -72,6 +72,17 @@ app.get('/search', {
   config: { rateLimit: { capacity: 20, refillPerSecond: 2, failureMode: 'open' } }
 }, async (request) => ({ query: request.query.q ?? '', results: [] }))
 
+// The next version of search, with a tighter limit being tried out in shadow
+// mode: nobody is refused and no rate-limit header is sent, but every
+// would-be denial is flagged on request.rateLimit (and on the
+// 'tollgate:decision' diagnostics channel), here counted in the log.
+app.get('/v2/search', {
+  config: { rateLimit: { capacity: 5, refillPerSecond: 0.5, failureMode: 'open', shadow: true } }
+}, async (request) => {
+  if (request.rateLimit?.shadow === true) request.log.info({ bucket: request.rateLimit.bucket }, 'shadow limit would have denied this request')
+  return { query: request.query.q ?? '', results: [] }
+})
+
 // A small burst and a slow refill (one token every 20 s). failureMode
 // 'closed': every payment is billed by a partner that charges for going over
 // quota, so when the limiter cannot decide, the answer is 503 with
@@ -133,9 +144,17 @@ app.get('/export', {
 // 1 a second, failureMode 'local' from the plugin): an attacker spreading
 // guesses over many IPs still gets 5 tries per account, then one a minute.
 // failureMode 'closed': while the limiter cannot count, nobody may guess
-// passwords. The policy is one object, made once (the plugin validates it on
-// first use and remembers it).
-const loginLimit = { bucket: 'login', capacity: 5, refillPerSecond: 1 / 60, failureMode: 'closed' }
+// passwords. The lockout: three denials within ten minutes block the user
+// name for ten minutes (Retry-After: 600), across every app server; a
+// successful login resets it. The policy is one object, made once (the
+// plugin validates it on first use and remembers it).
+const loginLimit = {
+  bucket: 'login',
+  capacity: 5,
+  refillPerSecond: 1 / 60,
+  failureMode: 'closed',
+  lockout: { after: 3, withinMs: 600_000, forMs: 600_000 }
+}
 const users = new Map([['alice', 'correct horse battery staple']])
 
 app.post('/login', {

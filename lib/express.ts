@@ -37,7 +37,7 @@ import {
   POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Logger, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, RedisClient } from './types.js'
 
 const START_WAIT_MS = 2000
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
@@ -88,6 +88,12 @@ export interface ExpressPolicy {
    * refunded or charged. One per route.
    */
   settle?(req: Request, res: Response): number | Promise<number>
+  /** Shadow mode: decided and counted as usual, never refuses. */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /** The error a denied request carries to `handler` (and, from there, to `next`). */
@@ -137,6 +143,8 @@ export interface ExpressOptions extends ExpressPolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */
+  maxWaiters?: number | undefined
   /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
   handler?: DeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
@@ -203,6 +211,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    maxWaiters: options.maxWaiters,
     logger: log
   })
   const ready = start(core, options.redis, log)

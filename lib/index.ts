@@ -17,7 +17,7 @@ export type {
 } from './plugin-types.js'
 export type {
   BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, Limiter,
-  LimiterOptions, LocalPolicy, Logger, Policy, RedisClient, StoreStateMessage
+  LimiterOptions, LocalPolicy, Lockout, Logger, Policy, RedisClient, StoreStateMessage
 } from './types.js'
 
 /**

@@ -1,5 +1,5 @@
 import { LruMap } from 'toad-cache'
-import { bucketState, type BucketSpec, type BucketState, type StoreReply } from './store.js'
+import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -29,10 +29,13 @@ export interface MemoryStoreOptions {
  */
 export class MemoryStore {
   readonly #fullAt: LruMap<number>
+  /** Lockouts, as lua/token-bucket-ext.lua keeps them: [n > 0 denials counted, or -U blocked until U; expiry, us]. */
+  readonly #locks: LruMap<[number, number]>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
     this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
+    this.#locks = new LruMap<[number, number]>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
 
@@ -121,11 +124,76 @@ export class MemoryStore {
     return whole
   }
 
+  /**
+   * One bucket with reservations and a lockout: lua/token-bucket-ext.lua's
+   * decision, step for step (read its header).
+   */
+  decideExtSync (spec: ExtSpec, consume: boolean): ExtReply {
+    const now = this.#now()
+    const lockout = spec.lockout
+    let count = 0
+    if (lockout !== undefined) {
+      const lock = this.#lock(spec.key, now)
+      if (lock !== undefined && lock > 0) {
+        count = lock
+      } else if (lock !== undefined && -lock - now > 0) {
+        const most = lockout.forMs * 1000
+        let left = -lock - now
+        if (left > most) {
+          left = most
+          if (consume) this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+        }
+        return extReply(-Math.ceil(left), 1, spec)
+      }
+    }
+    const step = 1e6 / spec.refillPerSecond
+    const window = spec.capacity * step
+    const reach = window + spec.maxWaitUs
+    const stored = this.#fullAt.get(spec.key) ?? now
+    let busy = Math.max(0, stored - now)
+    if (busy > reach) {
+      busy = reach
+      if (consume) this.#fullAt.set(spec.key, now + Math.ceil(busy))
+    }
+    const over = busy + spec.cost * step - window
+    if (over > (consume && spec.mayWait ? spec.maxWaitUs : 0)) {
+      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, now, over)
+      return extReply(-Math.ceil(over), 0, spec)
+    }
+    if (consume) {
+      busy = Math.ceil(busy + spec.cost * 1e6 / spec.refillPerSecond)
+      this.#fullAt.set(spec.key, now + busy)
+    }
+    return extReply(busy, over > 0 ? Math.ceil(over) : 0, spec)
+  }
+
+  /** The lockout entry of a bucket, or undefined once expired. */
+  #lock (key: string, now: number): number | undefined {
+    const entry = this.#locks.get(key)
+    if (entry === undefined || entry[1] > now) return entry?.[0]
+    this.#locks.delete(key)
+    return undefined
+  }
+
+  /** A denial counted against a lockout: the block starts at the `after`-th. */
+  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, now: number, over: number): ExtReply {
+    if (count >= lockout.after) {
+      const most = lockout.forMs * 1000
+      this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+      return extReply(-most, 1, spec)
+    }
+    const expiry = count === 1 ? now + lockout.withinMs * 1000 : (this.#locks.get(spec.key) as [number, number])[1]
+    this.#locks.set(spec.key, [count, expiry])
+    return extReply(-Math.ceil(over), 0, spec)
+  }
+
   async reset (key: string): Promise<void> {
     this.#fullAt.delete(key)
+    this.#locks.delete(key)
   }
 
   clear (): void {
     this.#fullAt.clear()
+    this.#locks.clear()
   }
 }

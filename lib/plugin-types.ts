@@ -11,7 +11,7 @@
 import type { FastifyReply, FastifyRequest, RouteGenericInterface } from 'fastify'
 import type { Reservation } from './settle.js'
 import type { Tier } from './tiers.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
 export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {
@@ -51,6 +51,12 @@ export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteG
    * refunded or charged. One per route.
    */
   settle?(request: FastifyRequest<RouteGeneric>, reply: FastifyReply): number | Promise<number>
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /**
@@ -94,6 +100,8 @@ export interface TollgateOptions extends RoutePolicy {
    */
   notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
   warnings?: { proxy?: boolean | undefined } | false | undefined
+  /** Most consumes waiting for reserved tokens at once in this process (default 1000); past it, calls do not wait. */
+  maxWaiters?: number | undefined
 }
 
 /**
@@ -111,6 +119,12 @@ export interface ProgrammaticPolicy {
   local?: LocalPolicy | undefined
   timeout?: number | undefined
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */

@@ -94,6 +94,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    maxWaiters: options.maxWaiters,
     logger: app.log
   })
   const { limiter } = core

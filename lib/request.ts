@@ -25,7 +25,7 @@
 import { describe } from './errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from './keys.js'
-import type { Core } from './limiter.js'
+import { shownDecision, type Core } from './limiter.js'
 import type { RequestFn, RouteLimit } from './route-limit.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
 import type { Decision, Policy, RedisClient } from './types.js'
@@ -173,7 +173,7 @@ export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, targ
     set(target, 'retry-after', seconds)
     return denial(UNAVAILABLE, seconds)
   }
-  setHeaders(target, set, limit.headers, decision, limit.policyHeaders)
+  setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
   return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs))
 }
 

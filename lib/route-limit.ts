@@ -12,10 +12,10 @@
 
 import { optionError } from './errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicy } from './limiter.js'
+import { checkPolicies, checkPolicy } from './limiter.js'
 import {
-  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, nonEmptyString, oneOf, positiveNumber, redisClient
+  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
+  localPolicy, lockout, maxWaitMs, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient
 } from './options.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
@@ -37,7 +37,10 @@ export const POLICY_CHECKS: Record<string, Check> = {
   allow: isFunction,
   lease,
   limit: isFunction,
-  settle: isFunction
+  settle: isFunction,
+  shadow: isBoolean,
+  lockout,
+  maxWaitMs
 }
 
 /** Options of the store, set once per adapter instance. */
@@ -46,7 +49,8 @@ export const STORE_CHECKS: Record<string, Check> = {
   prefix: keyPrefix,
   ipv6Subnet,
   breaker,
-  denialCache
+  denialCache,
+  maxWaiters: positiveInteger
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
@@ -120,20 +124,23 @@ export function compileRoute<Req> (
     costFns.push(typeof spend === 'function' ? spend as RequestFn<Req, number> : undefined)
     policies.push(policy)
   }
+  checkPolicies(policies, listWhere === where ? `${where}rateLimit` : listWhere)
   for (const field of dialect.wide) {
     const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
     if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], 'the same in every policy of the route (it is one per route)')
   }
   const settle = routeWide(config, defaults, 'settle') as SettleFunction<Req, never> | undefined
   checkSettle(settle, policies, where)
+  // Shadow policies never show in the headers: a client is not told of a limit that does not hold.
+  const shown = policies.filter((p) => p.shadow !== true)
   return {
     name,
     policies,
     costFns,
     key: routeWide(config, defaults, 'key') as RequestFn<Req, string> | undefined,
     allow: routeWide(config, defaults, 'allow') as RequestFn<Req, boolean> | undefined,
-    headers: (routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
-    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
+    headers: (shown.length === 0 ? false : routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
+    policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     tiers: compileTiers(list.map((e) => ((e as Defaults).limit ?? defaults.limit) as LimitFunction<Req> | undefined)),
     settle
   }
@@ -163,6 +170,9 @@ export function toPolicy (merged: Defaults, bucket: string, where: string, hint 
   if (merged.local !== undefined) policy.local = merged.local as Policy['local']
   if (merged.timeout !== undefined) policy.timeout = merged.timeout as number
   if (merged.lease !== undefined) policy.lease = merged.lease as Policy['lease']
+  if (merged.shadow !== undefined) policy.shadow = merged.shadow as boolean
+  if (merged.lockout !== undefined) policy.lockout = merged.lockout as Policy['lockout']
+  if (merged.maxWaitMs !== undefined) policy.maxWaitMs = merged.maxWaitMs as number
   checkPolicy(policy, where)
   return policy
 }

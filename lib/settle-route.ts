@@ -13,7 +13,7 @@
 // logged by the limiter and counted in `failedSettlements`.
 
 import { describe, optionError } from './errors.js'
-import type { Core } from './limiter.js'
+import { unsettled, type Core } from './limiter.js'
 import type { Decision, Limiter, Policy } from './types.js'
 import type { Reservation } from './settle.js'
 
@@ -47,6 +47,7 @@ export function checkSettle (settle: unknown, policies: readonly Policy[], where
   if (leased !== undefined) {
     throw optionError(`${where}lease`, leased.lease, 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it')
   }
+  for (const policy of policies) unsettled(policy, where)
 }
 
 /** Reserves instead of consuming, and keeps an allowed reservation on the request for `takeReservation`. */

@@ -22,7 +22,7 @@
 // store call, as for `key` and `cost` (the adapter's error, through `bad`).
 
 import { describe } from './errors.js'
-import { PolicyHeaders } from './headers.js'
+import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { checkPolicy } from './limiter.js'
 import { checkFields, isRecord, positiveNumber } from './options.js'
 import type { Policy } from './types.js'
@@ -40,6 +40,7 @@ export type LimitFunction<R> = (request: R) => Tier | false | Promise<Tier | fal
 export interface Limited {
   name: string
   policies: Policy[]
+  headers: HeaderMode
   policyHeaders: PolicyHeaders
 }
 
@@ -88,8 +89,10 @@ export class Tiers<R, L extends Limited> {
       policies.push(tier === OWN ? base : this.#policy(limit.name, i, base, tier, bad))
     }
     if (policies.length === 0) return null
-    const local = policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])
-    const resolved: L = { ...limit, policies, policyHeaders: new PolicyHeaders(policies, local) }
+    const shown = policies.filter((p) => p.shadow !== true)
+    const local = shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])
+    // Shadow policies never show; with only those left, no headers at all.
+    const resolved: L = { ...limit, policies, headers: shown.length === 0 ? false : limit.headers, policyHeaders: new PolicyHeaders(shown, local) }
     if (tiers.length === 1) this.#limits.set(only as object, resolved)
     return resolved
   }

@@ -378,6 +378,45 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal((await limit.peek('eve', policy)).remaining, 2, 'a bad settle leaves the reservation')
     })
 
+    t.test('shadow mode: a policy decided and spent as usual that never refuses nor shows in the headers', async (t) => {
+      const { limit } = limiter(t, { handler: (_req, res, _next, err) => { res.status(err.status).json({ source: err.decision.source }) } })
+      const app = express()
+      const seen: Array<boolean | undefined> = []
+      app.get('/trial', limit({ ...byClient, capacity: 2, refillPerSecond: 0.01, shadow: true }), (req, res) => {
+        seen.push(req.rateLimit?.shadow)
+        res.json({ allowed: req.rateLimit?.allowed })
+      })
+      app.get('/mixed', limit([{ ...byClient, capacity: 100, refillPerSecond: 10 }, { ...byClient, bucket: 'tight', capacity: 1, refillPerSecond: 0.01, shadow: true }]), ok)
+      const get = await listen(t, app)
+      const trial: Answer[] = []
+      for (let i = 0; i < 4; i++) trial.push(await get('/trial', { 'x-client': 's' }))
+      t.same(trial.map((a) => a.status), [200, 200, 200, 200], 'never refuses')
+      t.same(seen, [undefined, undefined, true, true], 'would-be denials flagged on req.rateLimit')
+      t.equal(trial[0]?.headers['ratelimit-limit'], undefined, 'a shadow-only route sends no headers')
+      const mixed: Answer[] = []
+      for (let i = 0; i < 3; i++) mixed.push(await get('/mixed', { 'x-client': 's' }))
+      t.same(mixed.map((a) => a.status), [200, 200, 200])
+      t.equal(mixed[2]?.headers['ratelimit-limit'], '100', 'only the enforced policy shows')
+      t.equal(mixed[2]?.headers['ratelimit-remaining'], '97')
+      t.equal(mixed[2]?.headers['ratelimit-policy'], '100;w=10')
+    })
+
+    t.test('lockouts: repeated denials block the client for forMs; other clients pass', async (t) => {
+      const { limit } = limiter(t, { maxWaiters: 5, handler: (_req, res, _next, err) => { res.status(err.status).json({ locked: err.decision.locked ?? false, retryAfter: err.retryAfter }) } })
+      const app = express()
+      app.post('/login', limit({ ...byClient, bucket: 'login', capacity: 1, refillPerSecond: 0.01, lockout: { after: 2, withinMs: 60_000, forMs: 600_000 } }), ok)
+      const post = await listen(t, app)
+      const got: string[] = []
+      for (let i = 0; i < 4; i++) {
+        const a = await post('/login', { 'x-client': 'mallory' }, 'POST')
+        got.push(a.status === 200 ? '200' : `${a.status} ${a.body}`)
+      }
+      t.same(got, ['200', '429 {"locked":false,"retryAfter":100}', '429 {"locked":true,"retryAfter":600}', '429 {"locked":true,"retryAfter":600}'], 'the second denial starts a block of 600 s')
+      t.equal((await post('/login', { 'x-client': 'alice' }, 'POST')).status, 200, 'another client is not blocked')
+      t.throws(() => limit({ bucket: 'x', lockout: { after: 2, withinMs: 1000, forMs: 1000 }, settle: () => 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`limit\(\): lockout` must be unset to reserve and settle/ })
+      await t.rejects(limit.limiter.reserve('c', { bucket: 'x', capacity: 1, refillPerSecond: 1, failureMode: 'open', shadow: true }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be unset/ })
+    })
+
     t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
       const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
       const login = { bucket: 'login', cost: 2 }

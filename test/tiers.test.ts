@@ -141,3 +141,25 @@ t.test('a returned object is validated once; several policies, each with its own
   t.match(internal, { bucket: 'day', limit: 100, remaining: 98 }, 'false drops that policy only')
   t.equal(internal.policies, undefined, 'one policy left')
 })
+
+t.test('shadow policies never show: a plan that drops the enforced policy leaves no headers', async (t) => {
+  const { app } = await buildApp(t, {
+    plugin: { capacity: 5, refillPerSecond: 1 },
+    routes: (app) => {
+      app.get('/trial', {
+        config: {
+          rateLimit: [
+            { bucket: 'enforced', capacity: 3, refillPerSecond: 1, limit: (request) => request.headers['x-plan'] === 'internal' ? false : { capacity: 4, refillPerSecond: 2 } },
+            { bucket: 'trial', capacity: 100, refillPerSecond: 0.01, shadow: true }
+          ]
+        }
+      }, async (request) => request.rateLimit)
+    }
+  })
+  const pro = await app.inject('/trial')
+  t.match(pro.headers, { 'ratelimit-limit': '4', 'ratelimit-policy': '4;w=2' }, 'the enforced policy under the plan, alone')
+  const internal = await app.inject({ url: '/trial', headers: { 'x-plan': 'internal' } })
+  t.equal(internal.statusCode, 200)
+  t.equal(internal.headers['ratelimit-limit'], undefined, 'only the shadow policy left: no headers')
+  t.match(internal.json(), { bucket: 'trial', remaining: 98 })
+})
