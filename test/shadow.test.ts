@@ -86,3 +86,14 @@ t.test('options: shadow must be a boolean, and is not combined with maxWaitMs', 
   await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: 'yes' as unknown as boolean }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be true or false, got "yes"/ })
   await t.rejects(limiter.consume('c', { ...shadowPolicy, maxWaitMs: 100 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.maxWaitMs` must be unset with `shadow: true`/ })
 })
+
+t.test('several shadow policies: only those the request could not afford are flagged', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  const tight: Policy = { ...shadowPolicy, bucket: 'tight', capacity: 1 }
+  const loose: Policy = { ...shadowPolicy, bucket: 'loose', capacity: 10 }
+  await limiter.consume('c', [tight, loose])
+  const second = await limiter.consume('c', [tight, loose])
+  t.match(second, { allowed: true, shadow: true, bucket: 'tight' })
+  t.same(second.policies?.map((d) => [d.bucket, d.allowed, d.shadow === true]), [['tight', true, true], ['loose', true, false]], 'the policy that could afford it is not a would-be denial')
+})
