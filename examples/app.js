@@ -72,6 +72,17 @@ app.get('/search', {
   config: { rateLimit: { capacity: 20, refillPerSecond: 2, failureMode: 'open' } }
 }, async (request) => ({ query: request.query.q ?? '', results: [] }))
 
+// The next version of search, with a tighter limit being tried out in shadow
+// mode: nobody is refused and no rate-limit header is sent, but every
+// would-be denial is flagged on request.rateLimit (and on the
+// 'tollgate:decision' diagnostics channel), here counted in the log.
+app.get('/v2/search', {
+  config: { rateLimit: { capacity: 5, refillPerSecond: 0.5, failureMode: 'open', shadow: true } }
+}, async (request) => {
+  if (request.rateLimit?.shadow === true) request.log.info({ bucket: request.rateLimit.bucket }, 'shadow limit would have denied this request')
+  return { query: request.query.q ?? '', results: [] }
+})
+
 // A small burst and a slow refill (one token every 20 s). failureMode
 // 'closed': every payment is billed by a partner that charges for going over
 // quota, so when the limiter cannot decide, the answer is 503 with
@@ -83,13 +94,67 @@ app.post('/pay', {
   return { paid: true }
 })
 
+// Plans: the client's plan picks its limit per request. Here the plan comes
+// from an `x-plan` header so that curl can show it; a real app reads it from
+// its authentication (an API key, a session). The headers describe the
+// client's own plan: RateLimit-Limit 10 for free, 100 for pro; an internal
+// caller is not limited. The plan objects are made once, so each is
+// validated once. A client whose plan changes keeps its bucket (see "Plans
+// and tiers" in the README).
+const PLANS = {
+  free: { capacity: 10, refillPerSecond: 1 / 6 },
+  pro: { capacity: 100, refillPerSecond: 10 }
+}
+app.get('/plans/report', {
+  config: {
+    rateLimit: {
+      failureMode: 'open',
+      limit: (request) => {
+        const plan = request.headers['x-plan']
+        if (plan === 'internal') return false
+        return plan === 'pro' ? PLANS.pro : PLANS.free
+      }
+    }
+  }
+}, async (request) => ({ plan: request.headers['x-plan'] ?? 'free', limit: request.rateLimit?.limit ?? null }))
+
+// Charged by outcome: an export costs 1 token per KiB it sends, from a
+// bucket of 256 KiB refilled at 16 KiB/s. Each request reserves 8 KiB when it
+// arrives (denied if the bucket cannot afford even that); once the response
+// is sent, the difference to its real size is charged or refunded. A large
+// export can leave the bucket in debt: the next ones wait (Retry-After says
+// how long). failureMode 'open': an export is a read; when Redis fails it is
+// not worth an outage.
+app.get('/export', {
+  config: {
+    rateLimit: {
+      capacity: 256,
+      refillPerSecond: 16,
+      cost: 8,
+      failureMode: 'open',
+      settle: (_request, reply) => Number(reply.getHeader('content-length') ?? 0) / 1024
+    }
+  }
+}, async (request) => {
+  const kib = Math.min(1024, Math.max(0, Number(request.query.kib ?? 1) || 0))
+  return 'x'.repeat(kib * 1024)
+})
+
 // Login attempts per user name, on top of the route's per-IP limit (20, then
 // 1 a second, failureMode 'local' from the plugin): an attacker spreading
 // guesses over many IPs still gets 5 tries per account, then one a minute.
 // failureMode 'closed': while the limiter cannot count, nobody may guess
-// passwords. The policy is one object, made once (the plugin validates it on
-// first use and remembers it).
-const loginLimit = { bucket: 'login', capacity: 5, refillPerSecond: 1 / 60, failureMode: 'closed' }
+// passwords. The lockout: three denials within ten minutes block the user
+// name for ten minutes (Retry-After: 600), across every app server; a
+// successful login resets it. The policy is one object, made once (the
+// plugin validates it on first use and remembers it).
+const loginLimit = {
+  bucket: 'login',
+  capacity: 5,
+  refillPerSecond: 1 / 60,
+  failureMode: 'closed',
+  lockout: { after: 3, withinMs: 600_000, forMs: 600_000 }
+}
 const users = new Map([['alice', 'correct horse battery staple']])
 
 app.post('/login', {

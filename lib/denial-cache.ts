@@ -63,6 +63,11 @@ export class DenialCache {
     this.#entries.set(id, { until: sentAt + decision.retryAfterMs, sentAt, specs, decision })
   }
 
+  /** Drops the denial of exactly this set of buckets, in O(1). */
+  drop (id: string): void {
+    this.#entries.delete(id)
+  }
+
   /**
    * Drops every denial that involves `key`. Bucket names may hold '\n', so
    * an id cannot be split back into its keys: this drops every id that

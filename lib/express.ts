@@ -31,11 +31,13 @@ import type { HeaderValue } from './headers.js'
 import { createCore } from './limiter.js'
 import { DEFAULT_PREFIX, checkFields, isFunction, isRecord, warnings } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
+import { takeReservation } from './settle-route.js'
+import type { Tier } from './tiers.js'
 import {
   POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Logger, MetricsOptions, RedisClient } from './types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
 
 const START_WAIT_MS = 2000
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
@@ -74,6 +76,24 @@ export interface ExpressPolicy {
   allow?(req: Request): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /**
+   * The client's plan, per request: `{ capacity, refillPerSecond }` over
+   * this policy, or false for no limit. Each returned object is validated
+   * once: return the same objects (`PLANS[user.plan]`).
+   */
+  limit?(req: Request): Tier | false | Promise<Tier | false>
+  /**
+   * Charging by outcome: the request reserves `cost`, and once the response
+   * is finished this gives the actual cost (0: free); the difference is
+   * refunded or charged. One per route.
+   */
+  settle?(req: Request, res: Response): number | Promise<number>
+  /** Shadow mode: decided and counted as usual, never refuses. */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /** The error a denied request carries to `handler` (and, from there, to `next`). */
@@ -125,6 +145,8 @@ export interface ExpressOptions extends ExpressPolicy {
   denialCache?: { maxKeys?: number | undefined } | false | undefined
   /** OpenTelemetry metrics, off unless set: `{ meter }` (README "Metrics"). */
   metrics?: MetricsOptions | undefined
+  /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */
+  maxWaiters?: number | undefined
   /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
   handler?: DeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
@@ -134,7 +156,7 @@ export interface ExpressOptions extends ExpressPolicy {
 }
 
 /** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
-export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers'> {
+export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle'> {
   bucket: string
   cost?: number | undefined
 }
@@ -192,6 +214,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     breaker: options.breaker,
     denialCache: options.denialCache,
     metrics: options.metrics,
+    maxWaiters: options.maxWaiters,
     logger: log
   })
   const ready = start(core, options.redis, log)
@@ -200,7 +223,8 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     ip: (req) => req.ip,
     onAddress: proxy,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Express's 'trust proxy' so that req.ip is the client's address; otherwise give a \`key\` function`) },
-    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`)
+    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const compile = registry(defaults)
   const deny = denier(options.handler)
@@ -223,10 +247,13 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       next(err)
       return
     }
-    layer.decide(limit, req).then((decision) => {
-      if (decision === undefined) return next()
+    layer.decide(limit, req).then((decided) => {
+      if (decided === undefined) return next()
+      const { decision } = decided
       req.rateLimit = decision
-      const denial = answer(limit, decision, res, setHeader)
+      const pending = takeReservation(req)
+      if (pending !== undefined) res.on('finish', () => { void layer.settle(pending, req, res) })
+      const denial = answer(decided.limit, decision, res, setHeader)
       if (denial === undefined) return next()
       deny(req, res, next, denial, decision)
     }, next)

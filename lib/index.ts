@@ -10,12 +10,14 @@ export { decisionChannel } from './limiter.js'
 export { stateChannel, breakerChannel } from './guard.js'
 export { RateLimitedError, UnavailableError, BadRequestInputError } from './plugin-errors.js'
 export { StoreError } from './errors.js'
+export type { Reservation } from './settle.js'
+export type { Tier } from './tiers.js'
 export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
 } from './plugin-types.js'
 export type {
   BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, InstrumentOptions, Limiter,
-  LimiterOptions, LocalPolicy, Logger, MetricAttributes, MetricsMeter, MetricsOptions, Policy, RedisClient, StoreStateMessage
+  LimiterOptions, LocalPolicy, Lockout, Logger, MetricAttributes, MetricsMeter, MetricsOptions, Policy, RedisClient, StoreStateMessage
 } from './types.js'
 
 /**

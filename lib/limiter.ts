@@ -8,16 +8,18 @@ import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
 import { Metrics } from './metrics.js'
 import {
-  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, breaker, checkFields, deadlineMs, denialCache, lease, isRecord, keyPrefix,
-  localPolicy, metricsOption, nonEmptyString, oneOf, positiveNumber, redisClient, storableBucket
+  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, MAX_WINDOW_US, breaker, checkFields, deadlineMs, denialCache, lease, isBoolean,
+  isRecord, keyPrefix, localPolicy, lockout, metricsOption, maxWaitMs, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import { RedisStore } from './redis-store.js'
-import { wholeTokens, type BucketSpec, type StoreReply } from './store.js'
+import { settlements, type Reservation } from './settle.js'
+import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
+import { Waiters } from './waiters.js'
 
 /**
  * What the request layer (lib/request.ts) uses of the core: the public
- * limiter, and two entries that only the framework adapters need.
+ * limiter, and the entries that only the framework adapters need.
  */
 export interface Core {
   /** The public limiter (`createLimiter()`, `app.tollgate.limiter`). */
@@ -28,6 +30,8 @@ export interface Core {
    * checked once per route, the costs checked per request.
    */
   decide(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
+  /** A reserve, one cost per policy, already checked (as `decide`); settled through `limiter.settle`. */
+  reserve(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
   /** Loads the scripts (on every master of a Cluster) ahead of the first decision. */
   warm(): Promise<void>
 }
@@ -42,6 +46,7 @@ const LIMITER_CHECKS = {
   breaker,
   denialCache,
   metrics: metricsOption,
+  maxWaiters: positiveInteger,
   logger: (value: unknown, name: string) => {
     if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
       throw optionError(name, value, 'a logger with warn, info and error methods')
@@ -57,7 +62,10 @@ const POLICY_CHECKS = {
   failureMode: oneOf(FAILURE_MODES),
   local: localPolicy,
   timeout: deadlineMs,
-  lease
+  lease,
+  shadow: isBoolean,
+  lockout,
+  maxWaitMs
 }
 
 /** Checks a core policy; throws a TypeError naming the field. */
@@ -77,6 +85,59 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
   }
   const batch = (policy.lease as { tokens: number } | undefined)?.tokens
   if (batch !== undefined && batch > capacity) throw optionError(where + 'lease.tokens', batch, `at most capacity (${capacity})`)
+  const wait = policy.maxWaitMs as number | undefined
+  if (wait === undefined) return
+  if (policy.shadow === true) throw optionError(where + 'maxWaitMs', wait, 'unset with `shadow: true` (a shadow policy never holds a request)')
+  if (capacity * (1e6 / (policy.refillPerSecond as number)) + wait * 1000 > MAX_WINDOW_US) {
+    throw optionError(where + 'maxWaitMs', wait, 'at most 2^52 µs less the time an empty bucket takes to fill')
+  }
+}
+
+/**
+ * A reservation (lua/settle.lua) decides plain buckets: it knows neither
+ * lockouts, nor waits, nor shadow policies, so a policy that has one
+ * cannot reserve (nor sit on a route that settles).
+ */
+export function unsettled (policy: Policy, where: string): void {
+  for (const name of ['shadow', 'lockout', 'maxWaitMs'] as const) {
+    const value = policy[name]
+    if (value !== undefined && value !== false) throw optionError(where + name, value, 'unset to reserve and settle (a settlement charges a plain bucket)')
+  }
+}
+
+/**
+ * Checks what only a list of policies can get wrong: `lockout` and
+ * `maxWaitMs` serve single-policy checks (one script call decides one
+ * bucket with its lockout or reservation).
+ */
+export function checkPolicies (list: readonly Policy[], where = 'policy'): void {
+  if (list.length < 2) return
+  for (let i = 0; i < list.length; i++) {
+    const policy = list[i] as Policy
+    for (const name of ['lockout', 'maxWaitMs'] as const) {
+      if (policy[name] !== undefined) throw optionError(`${where}[${i}].${name}`, policy[name], 'unset in an array of policies (it serves single-policy checks)')
+    }
+  }
+}
+
+/** Whether a list takes the path of lib's extras: shadow mode, a lockout or a reservation. */
+function special (list: readonly Policy[]): boolean {
+  for (const policy of list) {
+    if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
+  }
+  return false
+}
+
+/**
+ * What the rate-limit headers show of a decision: shadow policies never
+ * show (a client is not told of a limit that does not hold); the top level
+ * is already the binding enforced policy's. Without several policies, or
+ * without shadow ones among them, the decision itself.
+ */
+export function shownDecision (decision: Decision, list: readonly Policy[]): Decision {
+  const all = decision.policies
+  if (all === undefined || !list.some((p) => p.shadow === true)) return decision
+  return { ...decision, policies: all.filter((_, i) => (list[i] as Policy).shadow !== true) }
 }
 
 /**
@@ -96,7 +157,8 @@ export function createCore (options: LimiterOptions = {}): Core {
   const prefix = options.prefix ?? DEFAULT_PREFIX
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
   const memory = new MemoryStore()
-  const local = new MemoryStore({ maxKeys: 10_000 })
+  const localStore = new MemoryStore({ maxKeys: 10_000 })
+  const waiters = new Waiters(options.maxWaiters ?? 1000)
   const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
   const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, redis !== undefined)
   const guard = redis === undefined
@@ -108,6 +170,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   const denials = guard === undefined || options.denialCache === false
     ? undefined
     : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
+  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger: options.logger, summarize, failed })
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -118,6 +181,7 @@ export function createCore (options: LimiterOptions = {}): Core {
         checked.add(policy)
       }
     }
+    checkPolicies(list)
     return list
   }
 
@@ -149,30 +213,121 @@ export function createCore (options: LimiterOptions = {}): Core {
 
   /**
    * One decision, in one promise: a store call's promise is settled by the
-   * reply or by the deadline, never wrapped again.
+   * reply or by the deadline, never wrapped again. Shadow mode, lockouts and
+   * reservations take a path of their own (lib's extras, below).
    */
   function decide (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision> {
+    if (special(list)) return extras(clientKey, list, costs, consume).then((decision) => published(clientKey, decision))
+    return plain(clientKey, list, costs, consume, (decision) => published(clientKey, decision))
+  }
+
+  function plain (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean, out: (d: Decision) => Decision): Promise<Decision> {
     const specs = specsOf(clientKey, list, costs)
-    if (guard === undefined) return Promise.resolve(published(clientKey, summarize(list, memory.decideSync(specs, consume), 'store')))
+    if (guard === undefined) return Promise.resolve(out(summarize(list, memory.decideSync(specs, consume), 'store')))
     const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
     const only = list[0] as Policy
     const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
-    if (cached !== undefined) return Promise.resolve(published(clientKey, cached))
+    if (cached !== undefined) return Promise.resolve(out(cached))
     if (consume && only.lease !== undefined && list.length === 1) {
-      return leased(guard, redis as RedisStore, only, only.lease, specs).then((decision) => published(clientKey, decision))
+      return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
     }
     let timeout = Infinity
     for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
     return guard.decide(specs, consume, timeout, (reply, sentAt) => {
       const decision = summarize(list, reply, 'store')
       if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
-      return published(clientKey, decision)
-    }, () => published(clientKey, fallback(guard, list, specs, consume)))
+      return out(decision)
+    }, () => out(fallback(guard, list, specs, consume)))
+  }
+
+  /**
+   * Shadow mode: the enforced policies decide the request; the shadow ones
+   * are decided after them, in a call of their own, spending only when the
+   * request was allowed (as they would if enforced), and never refuse.
+   */
+  async function extras (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision> {
+    const enforced: number[] = []
+    const shadow: number[] = []
+    list.forEach((policy, i) => (policy.shadow === true ? shadow : enforced).push(i))
+    const part = (at: number[]): [Policy[], number[] | undefined] => [at.map((i) => list[i] as Policy), costs === undefined ? undefined : at.map((i) => costs[i] as number)]
+    if (shadow.length === 0) return await one(clientKey, ...part(enforced), consume)
+    if (enforced.length === 0) return shadowed(await one(clientKey, ...part(shadow), consume))
+    const decided = await one(clientKey, ...part(enforced), consume)
+    const shadows = shadowed(await one(clientKey, ...part(shadow), consume && decided.allowed))
+    const byPolicy: Decision[] = []
+    const from = [decided.policies ?? [decided], shadows.policies ?? [shadows]]
+    const next = [0, 0]
+    for (const policy of list) {
+      const side = policy.shadow === true ? 1 : 0
+      byPolicy.push((from[side] as readonly Decision[])[(next[side] as number)++] as Decision)
+    }
+    const combined: Decision = { ...decided, policies: byPolicy }
+    if (decided.allowed && shadows.shadow === true) combined.shadow = true
+    return combined
+  }
+
+  /** One list of policies of one kind: a lockout or reservation, or a plain decision. */
+  function one (clientKey: string, list: Policy[], costs: number[] | undefined, consume: boolean): Promise<Decision> {
+    const only = list[0] as Policy
+    if (list.length === 1 && (only.lockout !== undefined || only.maxWaitMs !== undefined)) return extended(clientKey, only, costs?.[0], consume)
+    return plain(clientKey, list, costs, consume, (decision) => decision)
+  }
+
+  /**
+   * One policy with a lockout or reservations (lua/token-bucket-ext.lua).
+   * A consume that may wait takes a waiter slot first (lib/waiters.ts); a
+   * reply with a delay holds it that long. Only lockout denials are cached:
+   * a plain denial must reach the store, which counts it.
+   */
+  async function extended (clientKey: string, policy: Policy, cost: number | undefined, consume: boolean): Promise<Decision> {
+    const spec = specsOf(clientKey, [policy], cost === undefined ? undefined : [cost])[0] as ExtSpec
+    spec.maxWaitUs = (policy.maxWaitMs ?? 0) * 1000
+    spec.mayWait = consume && policy.maxWaitMs !== undefined && waiters.take()
+    spec.lockout = policy.lockout
+    let outcome: ExtOutcome
+    if (guard === undefined) {
+      outcome = extOutcome(policy, memory.decideExtSync(spec, consume), 'store')
+    } else {
+      const cached = consume ? denials?.get(spec.key, [spec]) : undefined
+      outcome = cached === undefined ? await extStore(guard, redis as RedisStore, policy, spec, consume) : { decision: cached, delayUs: 0 }
+    }
+    const { decision, delayUs } = outcome
+    if (delayUs === 0) {
+      if (spec.mayWait) waiters.release()
+      return decision
+    }
+    const started = performance.now()
+    const leftMs = await waiters.wait(delayUs / 1000)
+    if (leftMs === 0) return { ...decision, waitedMs: performance.now() - started }
+    return { ...decision, allowed: false, retryAfterMs: leftMs }
+  }
+
+  async function extStore (guard: Guard, store: RedisStore, policy: Policy, spec: ExtSpec, consume: boolean): Promise<ExtOutcome> {
+    const sentAt = performance.now()
+    let reply: ExtReply
+    try {
+      reply = await guard.run(() => store.decideExt(spec, consume), policy.timeout ?? defaultTimeout, [spec])
+    } catch {
+      const local = policy.local
+      if (policy.failureMode !== 'local' || local === undefined) return { decision: fallback(guard, [policy], [spec], consume), delayUs: 0 }
+      guard.fellBack('local')
+      return extOutcome({ ...policy, ...local }, localStore.decideExtSync({ ...spec, ...local }, consume), 'local')
+    }
+    const outcome = extOutcome(policy, reply, 'store')
+    if (reply.locked && consume) denials?.set(spec.key, [spec], outcome.decision, sentAt)
+    return outcome
+  }
+
+  async function reserve (clientKey: string, list: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation> {
+    const reservation = await book.reserve(list, specsOf(clientKey, list, costs))
+    published(clientKey, reservation.decision)
+    return reservation
   }
 
   function published (clientKey: string, decision: Decision): Decision {
-    if (decisionChannel.hasSubscribers) decisionChannel.publish({ key: clientKey, decision })
-    metrics?.decided(decision)
+    if (decisionChannel.hasSubscribers) decisionChannel.publish(decision.shadow === true ? { key: clientKey, decision, shadow: true } : { key: clientKey, decision })
+    // A shadow policy's would-be denial passes (allowed: true): counted as the denial it reports.
+    if (metrics !== undefined) metrics.decided(decision.shadow === true ? { ...decision, allowed: false } : decision, decision.shadow === true)
     return decision
   }
 
@@ -217,7 +372,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   }
 
   function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], consume: boolean): Decision {
-    if (list.some((p) => p.failureMode === 'closed')) {
+    if (list.some((p) => p.failureMode === 'closed' && p.shadow !== true)) {
       guard.fellBack('fail-closed')
       return failed(list, 'fail-closed', Math.max(1000, guard.cooldownLeftMs))
     }
@@ -235,34 +390,48 @@ export function createCore (options: LimiterOptions = {}): Core {
       return failed(list, 'fail-open', 0)
     }
     guard.fellBack('local')
-    return summarize(localList, local.decideSync(localSpecs, consume), 'local')
+    return summarize(localList, localStore.decideSync(localSpecs, consume), 'local')
   }
 
   const limiter: Limiter = {
     consume: (clientKey, policy, cost) => publicDecide(clientKey, policy, cost, true),
     peek: (clientKey, policy) => publicDecide(clientKey, policy, undefined, false),
+    async reserve (clientKey, policy, cost) {
+      const list = policiesOf(policy)
+      checkCall(clientKey, list, cost)
+      for (const p of list) {
+        if (p.lease !== undefined) throw optionError('policy.lease', p.lease, 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach')
+        unsettled(p, 'policy.')
+      }
+      return await reserve(clientKey, list, cost === undefined ? undefined : list.map(() => cost))
+    },
+    settle: (reservation, actual) => book.settle(reservation, actual),
+    get failedSettlements () {
+      return book.failures
+    },
     async reset (clientKey, bucket) {
       nonEmptyString(bucket, 'bucket')
       checkCall(clientKey, [], undefined)
       const key = `${prefix}:{${clientId(clientKey)}}:${bucket}`
-      await local.reset(key)
+      await localStore.reset(key)
       await memory.reset(key)
       denials?.forget(key)
       leases.forget(key)
       if (guard !== undefined) await guard.reset(key, defaultTimeout)
     },
     async close () {
+      waiters.close()
       await flights?.close(defaultTimeout)
       denials?.clear()
       memory.clear()
-      local.clear()
+      localStore.clear()
       metrics?.close()
     },
     get state () {
       return guard?.state ?? 'healthy'
     }
   }
-  return { limiter, decide, warm: async () => { await redis?.warm() } }
+  return { limiter, decide, reserve, warm: async () => { await redis?.warm() } }
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */
@@ -306,4 +475,27 @@ function failed (list: readonly Policy[], source: 'fail-open' | 'fail-closed', r
   }))
   const chosen = decisions.find((_, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
   return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
+}
+
+/**
+ * A shadow policy's decision: a denial becomes a would-be denial, allowed,
+ * flagged `shadow`, with what the limit would have said.
+ */
+function shadowed (decision: Decision): Decision {
+  if (decision.allowed) return decision
+  const out: Decision = { ...decision, allowed: true, shadow: true }
+  if (decision.policies !== undefined) out.policies = decision.policies.map((d) => d.allowed ? d : { ...d, allowed: true, shadow: true })
+  return out
+}
+
+/** A decision of lua/token-bucket-ext.lua (or the MemoryStore's), and how long to wait before using its tokens. */
+interface ExtOutcome {
+  decision: Decision
+  delayUs: number
+}
+
+function extOutcome (policy: Policy, reply: ExtReply, source: DecisionSource): ExtOutcome {
+  const decision = summarize([policy], { allowed: reply.allowed, buckets: [reply.bucket] }, source)
+  if (reply.locked) decision.locked = true
+  return { decision, delayUs: reply.delayUs }
 }

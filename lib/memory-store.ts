@@ -1,5 +1,5 @@
 import { LruMap } from 'toad-cache'
-import { bucketState, type BucketSpec, type BucketState, type StoreReply } from './store.js'
+import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -29,10 +29,13 @@ export interface MemoryStoreOptions {
  */
 export class MemoryStore {
   readonly #fullAt: LruMap<number>
+  /** Lockouts, as lua/token-bucket-ext.lua keeps them: [n > 0 denials counted, or -U blocked until U; expiry, us]. */
+  readonly #locks: LruMap<[number, number]>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
     this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
+    this.#locks = new LruMap<[number, number]>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
 
@@ -67,11 +70,130 @@ export class MemoryStore {
     return { allowed, buckets }
   }
 
+  /**
+   * The reserve of lua/settle.lua: the consume of decideSync, but a bucket
+   * may be in debt, up to two windows ahead (see the script's header).
+   */
+  reserveSync (specs: readonly BucketSpec[]): StoreReply {
+    const now = this.#now()
+    const values: number[] = []
+    let allowed = true
+    for (const spec of specs) {
+      const window = spec.capacity * (1e6 / spec.refillPerSecond)
+      const busy = this.#busy(spec.key, now, 2 * window)
+      const over = busy + spec.cost * (1e6 / spec.refillPerSecond) - window
+      if (over > 0) allowed = false
+      values.push(over > 0 ? -Math.ceil(over) : busy)
+    }
+    if (allowed) {
+      for (let i = 0; i < specs.length; i++) {
+        const spec = specs[i] as BucketSpec
+        values[i] = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+      }
+    }
+    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)) }
+  }
+
+  /**
+   * The settle of lua/settle.lua: moves each bucket's full-at time by its
+   * change (`changes[i]`, microseconds: < 0 a refund, > 0 a charge), never
+   * past full nor more than two windows ahead. Returns each bucket's
+   * microseconds until full.
+   */
+  settleSync (specs: readonly BucketSpec[], changes: readonly number[]): number[] {
+    const now = this.#now()
+    return specs.map((spec, i) => {
+      const limit = 2 * (spec.capacity * (1e6 / spec.refillPerSecond))
+      return this.#write(spec.key, now, Math.min(limit, this.#busy(spec.key, now, limit) + (changes[i] as number)))
+    })
+  }
+
+  /** Microseconds until full, read as at most `limit` (a clock step back). */
+  #busy (key: string, now: number, limit: number): number {
+    return Math.min(limit, Math.max(0, (this.#fullAt.get(key) ?? now) - now))
+  }
+
+  /** Stores `now + busy`, busy rounded up to a whole microsecond; a full bucket is dropped. */
+  #write (key: string, now: number, busy: number): number {
+    const whole = Math.ceil(busy)
+    if (whole <= 0) {
+      this.#fullAt.delete(key)
+      return 0
+    }
+    this.#fullAt.set(key, now + whole)
+    return whole
+  }
+
+  /**
+   * One bucket with reservations and a lockout: lua/token-bucket-ext.lua's
+   * decision, step for step (read its header).
+   */
+  decideExtSync (spec: ExtSpec, consume: boolean): ExtReply {
+    const now = this.#now()
+    const lockout = spec.lockout
+    let count = 0
+    if (lockout !== undefined) {
+      const lock = this.#lock(spec.key, now)
+      if (lock !== undefined && lock > 0) {
+        count = lock
+      } else if (lock !== undefined && -lock - now > 0) {
+        const most = lockout.forMs * 1000
+        let left = -lock - now
+        if (left > most) {
+          left = most
+          if (consume) this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+        }
+        return extReply(-Math.ceil(left), 1, spec)
+      }
+    }
+    const step = 1e6 / spec.refillPerSecond
+    const window = spec.capacity * step
+    const reach = window + spec.maxWaitUs
+    const stored = this.#fullAt.get(spec.key) ?? now
+    let busy = Math.max(0, stored - now)
+    if (busy > reach) {
+      busy = reach
+      if (consume) this.#fullAt.set(spec.key, now + Math.ceil(busy))
+    }
+    const over = busy + spec.cost * step - window
+    if (over > (consume && spec.mayWait ? spec.maxWaitUs : 0)) {
+      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, now, over)
+      return extReply(-Math.ceil(over), 0, spec)
+    }
+    if (consume) {
+      busy = Math.ceil(busy + spec.cost * 1e6 / spec.refillPerSecond)
+      this.#fullAt.set(spec.key, now + busy)
+    }
+    return extReply(busy, over > 0 ? Math.ceil(over) : 0, spec)
+  }
+
+  /** The lockout entry of a bucket, or undefined once expired. */
+  #lock (key: string, now: number): number | undefined {
+    const entry = this.#locks.get(key)
+    if (entry === undefined || entry[1] > now) return entry?.[0]
+    this.#locks.delete(key)
+    return undefined
+  }
+
+  /** A denial counted against a lockout: the block starts at the `after`-th. */
+  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, now: number, over: number): ExtReply {
+    if (count >= lockout.after) {
+      const most = lockout.forMs * 1000
+      this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+      return extReply(-most, 1, spec)
+    }
+    const expiry = count === 1 ? now + lockout.withinMs * 1000 : (this.#locks.get(spec.key) as [number, number])[1]
+    this.#locks.set(spec.key, [count, expiry])
+    return extReply(-Math.ceil(over), 0, spec)
+  }
+
   async reset (key: string): Promise<void> {
     this.#fullAt.delete(key)
+    this.#locks.delete(key)
   }
 
   clear (): void {
     this.#fullAt.clear()
+    this.#locks.clear()
   }
 }

@@ -205,6 +205,28 @@ export function lease (value: unknown, name: string): void {
   checkFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.', { tokens: number, maxAgeMs: number })
 }
 
+/** Longest `maxWaitMs`: an hour (a caller held longer is better told to come back). */
+export const MAX_WAIT_MS = 3_600_000
+/** Longest lockout period or block, ms: a year. */
+export const MAX_LOCKOUT_MS = 31_536_000_000
+
+/** `maxWaitMs`: a finite number of ms > 0, at most MAX_WAIT_MS. */
+export function maxWaitMs (value: unknown, name: string): void {
+  positiveNumber(value, name)
+  if ((value as number) > MAX_WAIT_MS) throw optionError(name, value, `at most ${MAX_WAIT_MS} (ms, an hour)`)
+}
+
+function lockoutMs (value: unknown, name: string): void {
+  positiveInteger(value, name)
+  if ((value as number) > MAX_LOCKOUT_MS) throw optionError(name, value, `at most ${MAX_LOCKOUT_MS} (ms, a year)`)
+}
+
+export function lockout (value: unknown, name: string): void {
+  if (!isRecord(value)) throw optionError(name, value, 'an object { after, withinMs, forMs }')
+  const ms = 'an integer > 0 (ms)'
+  checkFields(value, { after: positiveInteger, withinMs: lockoutMs, forMs: lockoutMs }, name + '.', { after: 'an integer > 0', withinMs: ms, forMs: ms })
+}
+
 export function warnings (value: unknown, name: string): void {
   if (value === false) return
   if (!isRecord(value)) throw optionError(name, value, 'false or an object { proxy }')

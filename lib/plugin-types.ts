@@ -8,8 +8,10 @@
 // policy typed for a route's generics (`request.params`) still fits the
 // untyped route config.
 
-import type { FastifyRequest, RouteGenericInterface } from 'fastify'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
+import type { FastifyReply, FastifyRequest, RouteGenericInterface } from 'fastify'
+import type { Reservation } from './settle.js'
+import type { Tier } from './tiers.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, MetricsOptions, RedisClient } from './types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
 export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {
@@ -37,6 +39,24 @@ export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteG
   allow?(request: FastifyRequest<RouteGeneric>): boolean | Promise<boolean>
   /** Opt-in token leases: take `tokens` at a time, give unspent ones back after `maxAgeMs`. */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /**
+   * The client's plan, per request: `{ capacity, refillPerSecond }` over
+   * this policy, or false for no limit. Each returned object is validated
+   * once: return the same objects (`PLANS[user.plan]`).
+   */
+  limit?(request: FastifyRequest<RouteGeneric>): Tier | false | Promise<Tier | false>
+  /**
+   * Charging by outcome: the request reserves `cost`, and after the
+   * response this gives the actual cost (0: free); the difference is
+   * refunded or charged. One per route.
+   */
+  settle?(request: FastifyRequest<RouteGeneric>, reply: FastifyReply): number | Promise<number>
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /**
@@ -82,6 +102,8 @@ export interface TollgateOptions extends RoutePolicy {
    */
   notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
   warnings?: { proxy?: boolean | undefined } | false | undefined
+  /** Most consumes waiting for reserved tokens at once in this process (default 1000); past it, calls do not wait. */
+  maxWaiters?: number | undefined
 }
 
 /**
@@ -99,12 +121,22 @@ export interface ProgrammaticPolicy {
   local?: LocalPolicy | undefined
   timeout?: number | undefined
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  shadow?: boolean | undefined
+  /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
+  lockout?: Lockout | undefined
+  /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
+  maxWaitMs?: number | undefined
 }
 
 /** `app.tollgate`: programmatic checks with the plugin's store and defaults. */
 export interface TollgateDecorator {
   consume (clientKey: string, policy: ProgrammaticPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: ProgrammaticPolicy): Promise<Decision>
+  /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
+  reserve (clientKey: string, policy: ProgrammaticPolicy, cost?: number): Promise<Reservation>
+  /** Refunds or charges the difference between the actual cost and the reservation. */
+  settle (reservation: Reservation, actual: number): Promise<void>
   reset (clientKey: string, bucket: string): Promise<void>
   /** The core limiter behind the plugin. */
   readonly limiter: Limiter

@@ -36,9 +36,10 @@ import {
 } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, whenReady } from './request.js'
 import {
-  BASE_DIALECT, POLICY_CHECKS, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
+  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
+import { RESERVATION, takeReservation } from './settle-route.js'
 import type { TollgateDecorator, TollgateOptions } from './plugin-types.js'
 
 const kChecked = Symbol('tollgate.checked')
@@ -53,7 +54,7 @@ const NOT_FOUND = '404'
 /** Fastify's route settings: the common ones, and where the check runs. */
 const FASTIFY: Dialect = {
   checks: { ...POLICY_CHECKS, hook: oneOf(HOOKS) },
-  wide: ['key', 'headers', 'hook', 'allow'],
+  wide: [...ROUTE_WIDE, 'hook'],
   hint: BASE_DIALECT.hint
 }
 
@@ -94,6 +95,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     breaker: options.breaker,
     denialCache: options.denialCache,
     metrics: options.metrics,
+    maxWaiters: options.maxWaiters,
     logger: app.log
   })
   const { limiter } = core
@@ -110,19 +112,31 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   const decorator: TollgateDecorator = {
     consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
+    reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, programmatic(policy), spend),
+    settle: (reservation, actual) => limiter.settle(reservation, actual),
     reset: (clientKey, bucket) => limiter.reset(clientKey, bucket),
     limiter
   }
   app.decorate('tollgate', decorator)
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
+  app.decorateRequest(RESERVATION, undefined)
 
-  const check = checker(new RequestLayer(core, options.ipv6Subnet ?? 56, {
+  const layer = new RequestLayer<FastifyRequest>(core, options.ipv6Subnet ?? 56, {
     ip: (request) => request.ip,
     onAddress: onIp,
     noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
-    badInput: (route, detail) => new BadRequestInputError(route, detail)
-  }))
+    badInput: (route, detail) => new BadRequestInputError(route, detail),
+    settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
+  })
+  const check = checker(layer)
+  // Charging by outcome: a request holding a reservation settles it once
+  // the response is sent; the others cost a property read, no promise.
+  app.addHook('onResponse', function tollgateSettle (request, reply, done) {
+    const pending = takeReservation(request)
+    if (pending === undefined) return done()
+    layer.settle(pending, request, reply).then(() => { done() }, done)
+  })
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -236,10 +250,11 @@ function checker (layer: RequestLayer<FastifyRequest>): Check {
   return async function check (limit, request, reply) {
     if (request[kChecked] === true) return
     request[kChecked] = true
-    const decision = await layer.decide(limit, request)
-    if (decision === undefined) return
+    const decided = await layer.decide(limit, request)
+    if (decided === undefined) return
+    const { decision } = decided
     request.rateLimit = decision
-    const denial = answer(limit, decision, reply, setHeader)
+    const denial = answer(decided.limit, decision, reply, setHeader)
     if (denial === undefined) return
     throw denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
   }

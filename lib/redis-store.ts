@@ -2,7 +2,9 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Cluster, Redis } from 'ioredis'
 import { StoreError } from './errors.js'
-import { bucketState, type BucketSpec, type BucketState, type LeaseReply, type LeaseStore, type Store, type StoreReply } from './store.js'
+import {
+  bucketState, extReply, lockKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type Store, type StoreReply
+} from './store.js'
 import type { RedisClient as Client } from './types.js'
 
 type RedisClient = Redis | Cluster
@@ -31,6 +33,10 @@ function script (file: string): Script {
 export const TOKEN_BUCKET: Script = script('token-bucket.lua')
 /** lua/lease.lua. */
 export const LEASE: Script = script('lease.lua')
+/** lua/settle.lua. */
+export const SETTLE: Script = script('settle.lua')
+/** lua/token-bucket-ext.lua. */
+export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
 
 function isCluster (redis: RedisClient): redis is Cluster {
   return redis.isCluster
@@ -103,6 +109,20 @@ export class RedisStore implements Store, LeaseStore {
     return { allowed, buckets }
   }
 
+  /** One bucket with reservations and/or a lockout, by lua/token-bucket-ext.lua. */
+  async decideExt (spec: ExtSpec, consume: boolean): Promise<ExtReply> {
+    this.#ready()
+    const step = 1e6 / spec.refillPerSecond
+    const window = spec.capacity * step
+    const lockout = spec.lockout
+    const mode = !consume ? '0' : spec.mayWait ? '2' : '1'
+    const reply = await this.#run(TOKEN_BUCKET_EXT, 2, [
+      spec.key, lockKey(spec.key), mode, window, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond, window + spec.maxWaitUs,
+      lockout?.after ?? 0, lockout?.withinMs ?? 0, (lockout?.forMs ?? 0) * 1000
+    ]) as [number, number]
+    return extReply(reply[0], reply[1], spec)
+  }
+
   async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
     this.#ready()
     const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom]) as unknown[]
@@ -111,6 +131,28 @@ export class RedisStore implements Store, LeaseStore {
       nowUs: Number(reply[1]),
       bucket: { remaining: Number(reply[2]), fullInUs: Number(reply[3]), waitUs: Number(reply[4]) }
     }
+  }
+
+  /** The reserve of lua/settle.lua: a consume that reads a bucket in debt as such. */
+  async reserve (specs: readonly BucketSpec[]): Promise<StoreReply> {
+    this.#ready()
+    const args: Array<string | number> = []
+    for (const spec of specs) args.push(spec.key)
+    args.push('1')
+    for (const spec of specs) pushBucketArgs(args, spec)
+    const values = await this.#run(SETTLE, specs.length, args) as number[]
+    const buckets = specs.map((spec, i) => bucketState(values[i] as number, spec))
+    return { allowed: values.every((v) => v >= 0), buckets }
+  }
+
+  /** The settle of lua/settle.lua: each bucket's change in microseconds; replies each one's microseconds until full. */
+  async settle (specs: readonly BucketSpec[], changes: readonly number[]): Promise<number[]> {
+    this.#ready()
+    const args: Array<string | number> = []
+    for (const spec of specs) args.push(spec.key)
+    args.push('2')
+    for (let i = 0; i < specs.length; i++) args.push((specs[i] as BucketSpec).capacity * (1e6 / (specs[i] as BucketSpec).refillPerSecond), changes[i] as number, 0)
+    return await this.#run(SETTLE, specs.length, args) as number[]
   }
 
   /**
@@ -131,11 +173,11 @@ export class RedisStore implements Store, LeaseStore {
   async warm (): Promise<void> {
     const redis = this.#redis
     const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
-    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE].map((s) => node.script('LOAD', s.lua))))
+    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => node.script('LOAD', s.lua))))
   }
 
   async reset (key: string): Promise<void> {
     this.#ready()
-    await this.#redis.del(key)
+    await this.#redis.del(key, lockKey(key))
   }
 }

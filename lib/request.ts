@@ -8,8 +8,12 @@
 //   compile  compileRoute (lib/route-limit.ts), once per route;
 //   ready    whenReady, a bounded wait for the client and the scripts at
 //            start-up, so the first requests are decided by Redis;
-//   decide   RequestLayer.decide: allow -> client key -> costs -> one store
-//            decision (undefined when `allow` let the request through);
+//   decide   RequestLayer.decide: allow -> client key -> the client's plan
+//            (`limit`, lib/tiers.ts) -> costs -> one store decision, a
+//            reserve on a route that settles (undefined when `allow` or
+//            the plan let the request through);
+//   settle   RequestLayer.settle, from the adapter's after-response hook,
+//            with the reservation the request holds (lib/settle-route.ts);
 //   answer   answer(): the headers, written through the adapter's sink, and
 //            the denial (429, or 503 when a closed limit cannot reach Redis)
 //            as data; denialBody() is its JSON body.
@@ -21,8 +25,9 @@
 import { describe } from './errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from './keys.js'
-import type { Core } from './limiter.js'
+import { shownDecision, type Core } from './limiter.js'
 import type { RequestFn, RouteLimit } from './route-limit.js'
+import { reserveFor, settleResponse, type Pending } from './settle-route.js'
 import type { Decision, Policy, RedisClient } from './types.js'
 
 /** The client identity of requests without an address (as on a Unix socket). */
@@ -38,6 +43,8 @@ export interface RequestSide<Req> {
   noAddress(): void
   /** The error (a 500) of a `key` or `cost` function that threw or returned a bad value. */
   badInput(route: string, detail: string): Error
+  /** Logs a route's `settle` that failed (the response is sent: no answer can carry it). */
+  settleFailed(request: Req, err: Error): void
 }
 
 /** The bodies' fields of a denial; `message` has `%s` for the seconds. */
@@ -55,7 +62,13 @@ export interface Denial {
   retryAfter: number
 }
 
-/** Decides requests: identity, costs, one store decision. */
+/** A request's decision, and the limit it was made under (the client's plan, on a route with `limit`). */
+export interface Decided<Req> {
+  limit: RouteLimit<Req>
+  decision: Decision
+}
+
+/** Decides requests: identity, plan, costs, one store decision. */
 export class RequestLayer<Req> {
   readonly #core: Core
   readonly #subnet: number
@@ -68,8 +81,8 @@ export class RequestLayer<Req> {
     this.#side = side
   }
 
-  /** The decision for one request of the route; undefined when `allow` let it through. */
-  async decide (limit: RouteLimit<Req>, request: Req): Promise<Decision | undefined> {
+  /** The decision for one request of the route; undefined when `allow` or the client's plan let it through. */
+  async decide (limit: RouteLimit<Req>, request: Req): Promise<Decided<Req> | undefined> {
     if (limit.allow !== undefined) {
       let skip = run(limit, 'allow', limit.allow, request, this.#side)
       if (skip instanceof Promise) skip = await skip
@@ -85,6 +98,11 @@ export class RequestLayer<Req> {
         throw this.#side.badInput(limit.name, `\`key\` must return a non-empty string, got ${describe(client)}`)
       }
     }
+    if (limit.tiers !== undefined) {
+      const chosen = await limit.tiers.resolve(limit, request, this.#side.badInput)
+      if (chosen === null) return undefined
+      limit = chosen
+    }
     let costs: number[] | undefined
     for (let i = 0; i < limit.costFns.length; i++) {
       const fn = limit.costFns[i]
@@ -98,7 +116,15 @@ export class RequestLayer<Req> {
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
     }
-    return await this.#core.decide(client as string, limit.policies, costs, true)
+    const decision = limit.settle === undefined
+      ? await this.#core.decide(client as string, limit.policies, costs, true)
+      : await reserveFor(this.#core, request as Req & object, client as string, limit.policies, costs, limit.settle, limit.name)
+    return { limit, decision }
+  }
+
+  /** Settles a reservation the request held (takeReservation), after its response; never throws. */
+  async settle (pending: Pending, request: Req, response: unknown): Promise<void> {
+    await settleResponse(this.#core.limiter, pending, request, response, this.#side)
   }
 
   #address (request: Req): string {
@@ -147,7 +173,7 @@ export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, targ
     set(target, 'retry-after', seconds)
     return denial(UNAVAILABLE, seconds)
   }
-  setHeaders(target, set, limit.headers, decision, limit.policyHeaders)
+  setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
   return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs))
 }
 

@@ -6,17 +6,19 @@
 // one policy, several checked together, or nothing (the adapter's own
 // options). Here that is merged over the adapter's options and checked, so
 // that the per-request path (lib/request.ts) holds only resolved values.
-// The settings that are one per route (`key`, `headers`, `allow`, and
-// Fastify's `hook`) must agree across a route's policies; the rest is per
+// The settings that are one per route (`key`, `headers`, `allow`, `settle`,
+// and Fastify's `hook`) must agree across a route's policies; the rest is per
 // policy. An adapter adds its own route settings through a `Dialect`.
 
 import { optionError } from './errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicy } from './limiter.js'
+import { checkPolicies, checkPolicy } from './limiter.js'
 import {
-  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, metricsOption, nonEmptyString, oneOf, positiveNumber, redisClient
+  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
+  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient
 } from './options.js'
+import { checkSettle, type SettleFunction } from './settle-route.js'
+import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
 import type { Policy } from './types.js'
 
 type Check = (value: unknown, name: string) => void
@@ -33,7 +35,12 @@ export const POLICY_CHECKS: Record<string, Check> = {
   timeout: positiveNumber,
   headers: oneOf(HEADER_MODES),
   allow: isFunction,
-  lease
+  lease,
+  limit: isFunction,
+  settle: isFunction,
+  shadow: isBoolean,
+  lockout,
+  maxWaitMs
 }
 
 /** Options of the store, set once per adapter instance. */
@@ -43,14 +50,15 @@ export const STORE_CHECKS: Record<string, Check> = {
   ipv6Subnet,
   breaker,
   denialCache,
-  metrics: metricsOption
+  metrics: metricsOption,
+  maxWaiters: positiveInteger
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
-export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow']
+export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow', 'settle']
 
 /** Settings that only a route has, refused in a programmatic policy. */
-const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow']
+const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow', 'settle']
 
 /** What an adapter adds to a route's settings (Fastify: `hook`). */
 export interface Dialect {
@@ -81,6 +89,10 @@ export interface RouteLimit<Req> {
   allow: RequestFn<Req, boolean> | undefined
   headers: HeaderMode
   policyHeaders: PolicyHeaders
+  /** The per-client plans of the route's policies (lib/tiers.ts), if any has a `limit`. */
+  tiers: Tiers<Req, RouteLimit<Req>> | undefined
+  /** Charging by outcome (lib/settle-route.ts): the actual cost, from the request and the response. */
+  settle: SettleFunction<Req, never> | undefined
 }
 
 /**
@@ -113,18 +125,25 @@ export function compileRoute<Req> (
     costFns.push(typeof spend === 'function' ? spend as RequestFn<Req, number> : undefined)
     policies.push(policy)
   }
+  checkPolicies(policies, listWhere === where ? `${where}rateLimit` : listWhere)
   for (const field of dialect.wide) {
     const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
     if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], 'the same in every policy of the route (it is one per route)')
   }
+  const settle = routeWide(config, defaults, 'settle') as SettleFunction<Req, never> | undefined
+  checkSettle(settle, policies, where)
+  // Shadow policies never show in the headers: a client is not told of a limit that does not hold.
+  const shown = policies.filter((p) => p.shadow !== true)
   return {
     name,
     policies,
     costFns,
     key: routeWide(config, defaults, 'key') as RequestFn<Req, string> | undefined,
     allow: routeWide(config, defaults, 'allow') as RequestFn<Req, boolean> | undefined,
-    headers: (routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
-    policyHeaders: new PolicyHeaders(policies, policies.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }]))
+    headers: (shown.length === 0 ? false : routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
+    policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
+    tiers: compileTiers(list.map((e) => ((e as Defaults).limit ?? defaults.limit) as LimitFunction<Req> | undefined)),
+    settle
   }
 }
 
@@ -152,6 +171,9 @@ export function toPolicy (merged: Defaults, bucket: string, where: string, hint 
   if (merged.local !== undefined) policy.local = merged.local as Policy['local']
   if (merged.timeout !== undefined) policy.timeout = merged.timeout as number
   if (merged.lease !== undefined) policy.lease = merged.lease as Policy['lease']
+  if (merged.shadow !== undefined) policy.shadow = merged.shadow as boolean
+  if (merged.lockout !== undefined) policy.lockout = merged.lockout as Policy['lockout']
+  if (merged.maxWaitMs !== undefined) policy.maxWaitMs = merged.maxWaitMs as number
   checkPolicy(policy, where)
   return policy
 }

@@ -46,6 +46,49 @@ export interface Store {
   recover? (): void
 }
 
+/** Denials that block a client for a while (a policy's `lockout`). */
+export interface LockoutSpec {
+  /** Denials that start a block. */
+  after: number
+  /** The counting period, from the first denial, whole ms. */
+  withinMs: number
+  /** The block, whole ms. */
+  forMs: number
+}
+
+/**
+ * One bucket decided by lua/token-bucket-ext.lua: with reservations
+ * (`maxWaitUs` > 0) and/or a lockout.
+ */
+export interface ExtSpec extends BucketSpec {
+  /** The policy's `maxWaitMs` in microseconds (0: none); fixes the clamp's horizon. */
+  maxWaitUs: number
+  /** Whether this consume may wait for its tokens (false: decided as without waiting). */
+  mayWait: boolean
+  lockout: LockoutSpec | undefined
+}
+
+/** A decision of lua/token-bucket-ext.lua. */
+export interface ExtReply {
+  allowed: boolean
+  bucket: BucketState
+  /** Microseconds to wait before using reserved tokens (0: now). */
+  delayUs: number
+  /** Denied by a lockout: blocked, or this denial started the block. */
+  locked: boolean
+}
+
+/** The lockout key of a bucket key (same hash tag, so the same Cluster slot). */
+export function lockKey (key: string): string {
+  return `${key}!lockout`
+}
+
+/** The reply of lua/token-bucket-ext.lua, `{ value, extra }`, read for `spec`. */
+export function extReply (value: number, extra: number, spec: BucketSpec): ExtReply {
+  const allowed = value >= 0
+  return { allowed, bucket: bucketState(value, spec), delayUs: allowed ? extra : 0, locked: !allowed && extra === 1 }
+}
+
 /** A batch of tokens taken from one bucket. */
 export interface LeaseReply {
   /** Tokens taken: 0 when the bucket could not afford the least amount. */

@@ -5,6 +5,7 @@
 // (test/types/ioredis-majors.ts checks it against both).
 
 import type { StoreError } from './errors.js'
+import type { Reservation } from './settle.js'
 
 /** What a limit does when its store fails or misses its deadline. */
 export type FailureMode = 'open' | 'closed' | 'local'
@@ -28,6 +29,26 @@ export interface Decision {
   bucket: string
   /** With several policies: one decision per policy, in the order given. */
   policies?: readonly Decision[]
+  /**
+   * A would-be denial: a policy in shadow mode could not afford this
+   * request, which was let through (`allowed` is true). `retryAfterMs`,
+   * `remaining` and `resetMs` are what the limit would have said.
+   */
+  shadow?: true
+  /** Denied by a lockout: the client is blocked; `retryAfterMs` is the rest of the block. */
+  locked?: true
+  /** Milliseconds this call waited for reserved tokens (policies with `maxWaitMs`). */
+  waitedMs?: number
+}
+
+/** Block a client after repeated denials: `after` denials within `withinMs` of the first block it for `forMs`. */
+export interface Lockout {
+  /** Denials that start a block (an integer > 0). */
+  after: number
+  /** The counting period from the first denial, whole ms. */
+  withinMs: number
+  /** How long a block lasts, whole ms. */
+  forMs: number
 }
 
 /** Size and rate of an in-process bucket. */
@@ -55,6 +76,18 @@ export interface Policy {
    * `maxAgeMs`. Single-policy checks only.
    */
   lease?: { tokens: number, maxAgeMs: number } | undefined
+  /**
+   * Shadow mode: decided and spent as usual, but never refuses: a
+   * request it cannot afford passes with `shadow: true` on its decision.
+   */
+  shadow?: boolean | undefined
+  /** Block the client after repeated denials. Single-policy checks only. */
+  lockout?: Lockout | undefined
+  /**
+   * A consume may wait up to this many ms for its tokens, reserved at
+   * once in the store, instead of being denied. Single-policy checks only.
+   */
+  maxWaitMs?: number | undefined
 }
 
 /** Circuit breaker settings. */
@@ -125,13 +158,33 @@ export interface LimiterOptions {
   logger?: Logger | undefined
   /** OpenTelemetry metrics, off unless set. */
   metrics?: MetricsOptions | undefined
+  /** Most consumes holding a reservation at once in this process (default 1000); past it, calls do not wait. */
+  maxWaiters?: number | undefined
 }
 
 export interface Limiter {
   consume(clientKey: string, policy: Policy | readonly Policy[], cost?: number): Promise<Decision>
   peek(clientKey: string, policy: Policy | readonly Policy[]): Promise<Decision>
+  /**
+   * Reserves `cost` (as `consume`), to be settled once with the actual
+   * cost when it is known: see `settle`.
+   */
+  reserve(clientKey: string, policy: Policy | readonly Policy[], cost?: number): Promise<Reservation>
+  /**
+   * Settles a reservation with the actual cost (>= 0): the difference is
+   * refunded (never past capacity) or charged (the bucket may go into debt,
+   * up to `capacity` tokens) in one atomic call; nothing when the reserve
+   * spent nothing. Rejects with a StoreError when the store fails (the
+   * reservation then stands, and `failedSettlements` counts it).
+   */
+  settle(reservation: Reservation, actual: number): Promise<void>
+  /** Settlements the store failed since the limiter started. */
+  readonly failedSettlements: number
   reset(clientKey: string, bucket: string): Promise<void>
-  /** Stops timers and drops local state; never closes the Redis client. */
+  /**
+   * Stops timers and drops local state; consumes waiting for reserved
+   * tokens resolve at once as denied. Never closes the Redis client.
+   */
   close(): Promise<void>
   /** 'healthy' while the store answers, 'failing' after a failure until a success. */
   readonly state: 'healthy' | 'failing'
@@ -142,6 +195,8 @@ export interface DecisionMessage {
   /** The client identity before hashing: the IP, its IPv6 subnet, or what `key` returned. */
   key: string
   decision: Decision
+  /** Set on a would-be denial of a shadow policy (as on `decision`). */
+  shadow?: true
 }
 
 /** Fallback decisions made while the store was failing, by source. */

@@ -325,6 +325,98 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal(a.headers['ratelimit-remaining'], '87', '13 spent, the batch\'s unspent tokens counted as left')
     })
 
+    t.test("plans: a policy's limit picks the client's capacity and rate per request, false lets it through", async (t) => {
+      const { limit } = limiter(t)
+      const plans: Record<string, { capacity: number, refillPerSecond: number }> = { pro: { capacity: 50, refillPerSecond: 5 }, basic: { capacity: 2, refillPerSecond: 0.01 }, broken: { capacity: -1, refillPerSecond: 1 } }
+      const app = express()
+      app.get('/api', limit({ ...byClient, limit: (req) => plans[req.get('x-plan') ?? ''] ?? false }), ok)
+      const get = await listen(t, app)
+      const pro = await get('/api', { 'x-client': 'p', 'x-plan': 'pro' })
+      t.equal(pro.headers['ratelimit-limit'], '50', "the headers of the client's own plan")
+      t.equal(pro.headers['ratelimit-policy'], '50;w=10')
+      const basic: number[] = []
+      for (let i = 0; i < 3; i++) basic.push((await get('/api', { 'x-client': 'b', 'x-plan': 'basic' })).status)
+      t.same(basic, [200, 200, 429])
+      const free = await get('/api', { 'x-client': 'b', 'x-plan': 'internal' })
+      t.equal(free.status, 200, 'false: no limit')
+      t.same(JSON.parse(free.body), { source: null })
+      t.equal(free.headers['ratelimit-limit'], undefined)
+      const bad = await get('/api', { 'x-client': 'b', 'x-plan': 'broken' })
+      t.equal(bad.status, 500, 'a bad plan is a 500 TOLLGATE_BAD_INPUT')
+    })
+
+    t.test('charging by outcome: settled once the response is finished; successes refunded, failures count', async (t) => {
+      const logger = memoryLogger()
+      const { limit } = limiter(t, { logger })
+      const policy = { bucket: 'login', capacity: 3, refillPerSecond: 0.01 }
+      const app = express()
+      app.post('/login', limit({ ...policy, ...byClient, settle: (req, res) => req.get('x-actual') !== undefined ? Number(req.get('x-actual')) : res.statusCode === 401 ? 1 : 0 }), (req, res) => {
+        res.status(req.get('x-password') === 'right' ? 200 : 401).json({ source: req.rateLimit?.source ?? null })
+      })
+      const post = await listen(t, app)
+      async function left (remaining: number): Promise<void> {
+        for (let i = 0; (await limit.peek('eve', policy)).remaining !== remaining; i++) {
+          if (i > 500) throw new Error(`no settlement to ${remaining} tokens after 5 s`)
+          await new Promise((resolve) => setTimeout(resolve, 10))
+        }
+      }
+      for (let i = 0; i < 5; i++) {
+        t.equal((await post('/login', { 'x-client': 'eve', 'x-password': 'right' }, 'POST')).status, 200)
+        await left(3)
+      }
+      t.pass('five successful logins, each refunded')
+      const statuses: number[] = []
+      for (let i = 0; i < 4; i++) statuses.push((await post('/login', { 'x-client': 'eve' }, 'POST')).status)
+      t.same(statuses, [401, 401, 401, 429], 'three failures spend the bucket')
+      await limit.reset('eve', 'login')
+      t.equal((await post('/login', { 'x-client': 'eve', 'x-password': 'right', 'x-actual': 'NaN' }, 'POST')).status, 200)
+      for (let i = 0; logger.lines.length === 0; i++) {
+        if (i > 500) throw new Error('no log line after 5 s')
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      t.match(logger.lines[0], /settle failed; the reservation stands/)
+      t.equal((await limit.peek('eve', policy)).remaining, 2, 'a bad settle leaves the reservation')
+    })
+
+    t.test('shadow mode: a policy decided and spent as usual that never refuses nor shows in the headers', async (t) => {
+      const { limit } = limiter(t, { handler: (_req, res, _next, err) => { res.status(err.status).json({ source: err.decision.source }) } })
+      const app = express()
+      const seen: Array<boolean | undefined> = []
+      app.get('/trial', limit({ ...byClient, capacity: 2, refillPerSecond: 0.01, shadow: true }), (req, res) => {
+        seen.push(req.rateLimit?.shadow)
+        res.json({ allowed: req.rateLimit?.allowed })
+      })
+      app.get('/mixed', limit([{ ...byClient, capacity: 100, refillPerSecond: 10 }, { ...byClient, bucket: 'tight', capacity: 1, refillPerSecond: 0.01, shadow: true }]), ok)
+      const get = await listen(t, app)
+      const trial: Answer[] = []
+      for (let i = 0; i < 4; i++) trial.push(await get('/trial', { 'x-client': 's' }))
+      t.same(trial.map((a) => a.status), [200, 200, 200, 200], 'never refuses')
+      t.same(seen, [undefined, undefined, true, true], 'would-be denials flagged on req.rateLimit')
+      t.equal(trial[0]?.headers['ratelimit-limit'], undefined, 'a shadow-only route sends no headers')
+      const mixed: Answer[] = []
+      for (let i = 0; i < 3; i++) mixed.push(await get('/mixed', { 'x-client': 's' }))
+      t.same(mixed.map((a) => a.status), [200, 200, 200])
+      t.equal(mixed[2]?.headers['ratelimit-limit'], '100', 'only the enforced policy shows')
+      t.equal(mixed[2]?.headers['ratelimit-remaining'], '97')
+      t.equal(mixed[2]?.headers['ratelimit-policy'], '100;w=10')
+    })
+
+    t.test('lockouts: repeated denials block the client for forMs; other clients pass', async (t) => {
+      const { limit } = limiter(t, { maxWaiters: 5, handler: (_req, res, _next, err) => { res.status(err.status).json({ locked: err.decision.locked ?? false, retryAfter: err.retryAfter }) } })
+      const app = express()
+      app.post('/login', limit({ ...byClient, bucket: 'login', capacity: 1, refillPerSecond: 0.01, lockout: { after: 2, withinMs: 60_000, forMs: 600_000 } }), ok)
+      const post = await listen(t, app)
+      const got: string[] = []
+      for (let i = 0; i < 4; i++) {
+        const a = await post('/login', { 'x-client': 'mallory' }, 'POST')
+        got.push(a.status === 200 ? '200' : `${a.status} ${a.body}`)
+      }
+      t.same(got, ['200', '429 {"locked":false,"retryAfter":100}', '429 {"locked":true,"retryAfter":600}', '429 {"locked":true,"retryAfter":600}'], 'the second denial starts a block of 600 s')
+      t.equal((await post('/login', { 'x-client': 'alice' }, 'POST')).status, 200, 'another client is not blocked')
+      t.throws(() => limit({ bucket: 'x', lockout: { after: 2, withinMs: 1000, forMs: 1000 }, settle: () => 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`limit\(\): lockout` must be unset to reserve and settle/ })
+      await t.rejects(limit.limiter.reserve('c', { bucket: 'x', capacity: 1, refillPerSecond: 1, failureMode: 'open', shadow: true }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be unset/ })
+    })
+
     t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
       const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
       const login = { bucket: 'login', cost: 2 }

@@ -267,6 +267,21 @@ t.test('shadow decisions carry `shadow: true`; a closed recorder ignores the bre
   t.equal(snapshot['tollgate.breaker.transitions'], undefined)
 })
 
+t.test('a shadow policy on Redis: its would-be denial is counted as { outcome: denied, shadow: true }', async (t) => {
+  const { meter, read } = sdkMeter(t)
+  const redis = await sharedRedis(t)
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 1000, metrics: { meter } })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { bucket: 'tight', capacity: 1, refillPerSecond: 0.001, failureMode: 'open', shadow: true }
+  const first = await limiter.consume('client', policy)
+  const second = await limiter.consume('client', policy)
+  t.same([first.allowed, first.shadow, second.allowed, second.shadow], [true, undefined, true, true], 'the second is a would-be denial that passes')
+  t.same((await read())['tollgate.decisions'], {
+    'bucket=tight,outcome=allowed,source=store': 1,
+    'bucket=tight,outcome=denied,shadow=true,source=store': 1
+  })
+})
+
 /** Checked by `npm run lint` (never run): @opentelemetry/api's Meter fits the option; a provider does not. */
 export function compiles (meter: Meter): void {
   createLimiter({ metrics: { meter } })

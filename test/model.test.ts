@@ -16,8 +16,8 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import { MemoryStore } from '../lib/memory-store.js'
-import { bucketState, type BucketState } from '../lib/store.js'
-import { ClockedScriptRunner, LUA, ReferenceBucket, ScriptRunner, randomSource, uniqueTag, withClock, type Shape, type ScriptSpec } from './helpers/model.js'
+import { bucketState, extReply, type BucketState } from '../lib/store.js'
+import { ClockedExtRunner, ClockedScriptRunner, ReferenceHold, LUA, ReferenceBucket, ScriptRunner, randomSource, uniqueTag, withClock, type Shape, type ScriptSpec } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
 
 const seed = process.env.TOLLGATE_SEED === undefined ? randomInt(2 ** 31) : Number(process.env.TOLLGATE_SEED)
@@ -265,4 +265,59 @@ t.test('the clocked copy replies like the script, plus the clock', async (t) => 
   t.ok(typeof raw === 'number' && raw > 1e12 && raw <= 2e12, `the plain script: the same bucket, a plain integer reply (${String(raw)})`)
   const pair = await script.run([one('a'), one('b')], true)
   t.ok((pair.values[0] ?? 0) < 0 && pair.values[1] === 0, `several policies: one value each (${pair.values.join(', ')}) and the clock`)
+})
+
+t.test('the extended script (reservations, lockouts) decides like the reference, and the MemoryStore exactly like the script', async (t) => {
+  const cases = [
+    { name: 'reservations: capacity 3, 200/s, maxWait 20 ms', shape: { capacity: 3, refillPerSecond: 200 }, maxWaitUs: 20_000, costs: [1, 2], lockout: undefined, maxSleepMs: 15 },
+    { name: 'lockout: capacity 2, 100/s, 3 denials then 30 ms', shape: { capacity: 2, refillPerSecond: 100 }, maxWaitUs: 0, costs: [1, 1.5], lockout: { after: 3, withinMs: 600_000, forMs: 30 }, maxSleepMs: 25 },
+    { name: 'both: capacity 1, 60/s, maxWait 40 ms, 2 denials then 20 ms', shape: { capacity: 1, refillPerSecond: 60 }, maxWaitUs: 40_000, costs: [1, 0.5], lockout: { after: 2, withinMs: 600_000, forMs: 20 }, maxSleepMs: 20 }
+  ]
+  const ext = new ClockedExtRunner(redis)
+  for (const [index, c] of cases.entries()) {
+    const random = randomSource(seed + 104729 * (index + 1))
+    const key = `test:${uniqueTag(`ext${index}`)}:b`
+    const model = new ReferenceHold(c.shape, c.maxWaitUs, c.lockout)
+    let clock = 0
+    const memory = new MemoryStore({ now: () => clock })
+    const seen = { allowed: 0, denied: 0, locked: 0, waited: 0, skipped: 0 }
+    let behindUs = 0
+    const mismatches: string[] = []
+    for (let step = 0; step < 200; step++) {
+      if (random() < SLEEP_SHARE) await sleep(random() * c.maxSleepMs)
+      const mode = random() < PEEK_SHARE ? '0' : c.maxWaitUs > 0 && random() < 0.7 ? '2' : '1'
+      const cost = c.costs[Math.floor(random() * c.costs.length)] as number
+      const call = { key, ...c.shape, cost, mode, maxWaitUs: c.maxWaitUs, lockout: c.lockout } as const
+      const { value, extra, nowUs } = await ext.run(call)
+      clock = nowUs
+      const spec = { key, ...c.shape, cost, maxWaitUs: c.maxWaitUs, mayWait: mode === '2', lockout: c.lockout }
+      const local = memory.decideExtSync(spec, mode !== '0')
+      const reply = extReply(value, extra, spec)
+      if (JSON.stringify(local) !== JSON.stringify(reply)) mismatches.push(`step ${step}: MemoryStore ${JSON.stringify(local)}, script ${JSON.stringify(reply)}`)
+      model.bucket.advance(nowUs)
+      // As in the test above: each write rounds the full-at time up by < 1 us,
+      // adding up until the bucket is full again.
+      if (model.bucket.tokens >= c.shape.capacity) behindUs = 0
+      const margin = model.bucket.tokens + model.slack(mode) - cost
+      const boundary = Math.abs(margin) < 1e-3 && nowUs >= model.blockedUntil
+      if (boundary) seen.skipped++
+      const expected = model.decide(nowUs, cost, mode, boundary ? reply.allowed : margin >= 0)
+      if (!boundary && (reply.allowed !== (margin >= 0 && !expected.locked) || reply.locked !== expected.locked)) {
+        mismatches.push(`step ${step} (mode ${mode}, cost ${cost}): script allowed ${String(reply.allowed)} locked ${String(reply.locked)}, model margin ${margin} locked ${String(expected.locked)}`)
+      }
+      if (reply.allowed && !(reply.delayUs - expected.delayUs >= -1e-6 && reply.delayUs - expected.delayUs <= behindUs + 1)) {
+        mismatches.push(`step ${step}: delay ${reply.delayUs} us, model ${expected.delayUs} (may lag ${behindUs} us)`)
+      }
+      if (reply.allowed && mode !== '0') behindUs++
+      if (reply.allowed) seen.allowed++
+      else seen.denied++
+      if (reply.locked) seen.locked++
+      if (reply.delayUs > 0) seen.waited++
+    }
+    t.comment(`${c.name}: ${JSON.stringify(seen)}`)
+    t.same(mismatches.slice(0, 3), [], `${c.name}: no mismatch (${mismatches.length})`)
+    t.ok(seen.allowed >= 10 && seen.denied >= 10, `${c.name}: both sides seen`)
+    if (c.maxWaitUs > 0) t.ok(seen.waited >= 5, `${c.name}: reservations seen`)
+    if (c.lockout !== undefined) t.ok(seen.locked >= 5, `${c.name}: lockouts seen`)
+  }
 })

@@ -9,6 +9,10 @@
 //                     configured bucket, through that store; the client is
 //                     the `x-client` header (default 'fleet'); answers the
 //                     decision's source
+//   GET /<label>/settle  the same bucket, charged by outcome: reserves the
+//                     `x-cost` header's cost, settles at the `x-actual` header's
+//                     (Fastify only)
+//   GET /settled      not limited; settlements this process has finished
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
 import type { Server } from 'node:http'
@@ -65,6 +69,7 @@ const { port, close } = config.framework === 'express' ? await expressApp(config
 
 async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
   const app = Fastify()
+  let settled = 0
   for (const [label, store] of Object.entries(config.stores)) {
     const redis = client(store)
     await app.register(async (scope) => {
@@ -81,12 +86,26 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
           return typeof client === 'string' ? client : 'fleet'
         }
       })
+      scope.get('/settle', {
+        config: {
+          rateLimit: {
+            bucket: config.bucket,
+            cost: (request) => Number(request.headers['x-cost']),
+            settle: (request) => Number(request.headers['x-actual'])
+          }
+        }
+      }, async (request) => ({ server: config.name, source: request.rateLimit?.source }))
+      // Runs after the plugin's own onResponse hook, so after its settlement.
+      scope.addHook('onResponse', async (request) => {
+        if (request.url.endsWith('/settle') && request.rateLimit?.allowed === true) settled++
+      })
       scope.get('/hit', { config: { rateLimit: { bucket: config.bucket } } }, async (request) => ({
         server: config.name,
         source: request.rateLimit?.source
       }))
     }, { prefix: `/${label}` })
   }
+  app.get('/settled', async () => ({ settled }))
   app.get('/clock', async () => ({ now: Date.now(), perf: performance.now() }))
   await app.listen({ host: '127.0.0.1', port: 0 })
   const address = app.server.address()

@@ -341,3 +341,74 @@ export function uniqueTag (label: string): string {
 export function uniqueKey (label: string): string {
   return `test:${uniqueTag(label)}:bucket`
 }
+
+/** The text of lua/token-bucket-ext.lua; TOLLGATE_TEST_EXT_LUA=<file> swaps in another, as above. */
+export const EXT_LUA = readFileSync(process.env.TOLLGATE_TEST_EXT_LUA ?? new URL('../../lua/token-bucket-ext.lua', import.meta.url), 'utf8')
+
+/** One call of lua/token-bucket-ext.lua. */
+export interface ExtCall extends ScriptSpec {
+  mode: '0' | '1' | '2'
+  maxWaitUs: number
+  lockout?: { after: number, withinMs: number, forMs: number }
+}
+
+/** The clocked copy of lua/token-bucket-ext.lua run directly: { value, extra } and Redis's clock. */
+export class ClockedExtRunner {
+  readonly #runner: LuaRunner
+
+  constructor (redis: Redis, lua: string = EXT_LUA) {
+    this.#runner = new LuaRunner(redis, withClock(lua))
+  }
+
+  async run (call: ExtCall): Promise<{ value: number, extra: number, nowUs: number }> {
+    const step = 1e6 / call.refillPerSecond
+    const window = call.capacity * step
+    const reply = parseValues(await this.#runner.eval([call.key, `${call.key}!lockout`], [
+      call.mode, window, call.cost * step, call.cost * 1e6 / call.refillPerSecond, window + call.maxWaitUs,
+      call.lockout?.after ?? 0, call.lockout?.withinMs ?? 0, (call.lockout?.forMs ?? 0) * 1000
+    ]), 3, true)
+    return { value: reply[0] as number, extra: reply[1] as number, nowUs: reply[2] as number }
+  }
+}
+
+/**
+ * The plain token bucket with reservations and a lockout, from their
+ * definitions: a consume that may wait takes its tokens into debt, at most
+ * `maxWaitUs` of refill deep, and waits until the debt is refilled; after
+ * `after` denied consumes (within the period, long in the tests) the
+ * client is blocked for `forMs`, and counting starts again after it.
+ */
+export class ReferenceHold {
+  readonly bucket: ReferenceBucket
+  readonly maxWaitUs: number
+  readonly lockout: { after: number, forMs: number } | undefined
+  count = 0
+  blockedUntil = -Infinity
+
+  constructor (shape: Shape, maxWaitUs: number, lockout?: { after: number, forMs: number }) {
+    this.bucket = new ReferenceBucket(shape)
+    this.maxWaitUs = maxWaitUs
+    this.lockout = lockout
+  }
+
+  /** Tokens the call may go below zero by. */
+  slack (mode: string): number {
+    return mode === '2' ? this.maxWaitUs * this.bucket.refillPerSecond / 1e6 : 0
+  }
+
+  decide (nowUs: number, cost: number, mode: '0' | '1' | '2', allowed: boolean): { locked: boolean, delayUs: number } {
+    this.bucket.advance(nowUs)
+    if (nowUs < this.blockedUntil) return { locked: true, delayUs: 0 }
+    if (allowed) {
+      const delayUs = Math.max(0, (cost - this.bucket.tokens) / this.bucket.refillPerSecond * 1e6)
+      if (mode !== '0') this.bucket.spend(cost)
+      return { locked: false, delayUs }
+    }
+    if (this.lockout === undefined || mode === '0') return { locked: false, delayUs: 0 }
+    this.count++
+    if (this.count < this.lockout.after) return { locked: false, delayUs: 0 }
+    this.count = 0
+    this.blockedUntil = nowUs + this.lockout.forMs * 1000
+    return { locked: true, delayUs: 0 }
+  }
+}

@@ -117,6 +117,13 @@ export async function invalidUsage (app: FastifyInstance): Promise<void> {
   // @ts-expect-error the core limiter's internals are not public
   void app.tollgate.limiter.warm
 
+  // @ts-expect-error a plan is { capacity, refillPerSecond } or false, not a name
+  routePolicy({ limit: () => 'pro' })
+  // @ts-expect-error settle returns the actual cost, a number
+  routePolicy({ settle: () => 'free' })
+  // @ts-expect-error a settlement takes the actual cost
+  await app.tollgate.settle(await app.tollgate.reserve('user:1', { bucket: 'llm' }), '8')
+
   // @ts-expect-error timeout is a number
   const limiter = createLimiter({ timeout: '10' })
   // @ts-expect-error a core policy needs its failureMode

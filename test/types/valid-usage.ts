@@ -143,6 +143,23 @@ export async function validUsage (): Promise<void> {
   await limiter.peek('client', policy)
   await limiter.reset('client', 'b')
   await inProcess.close()
+  // Reserve and settle by handle; plans and settlements on routes.
+  const reservation = await limiter.reserve('client', policy, 2)
+  const reserved: Decision = reservation.decision
+  await limiter.settle(reservation, 0)
+  const failedSettlements: number = limiter.failedSettlements
+  await app.tollgate.settle(await app.tollgate.reserve('user:1', { bucket: 'llm' }, 4), 8)
+  app.get('/planned', {
+    config: {
+      rateLimit: routePolicy({
+        limit: (request) => request.headers['x-plan'] === 'internal' ? false : { capacity: 10, refillPerSecond: 1 },
+        settle: (_request, reply) => reply.statusCode >= 500 ? 0 : 1
+      })
+    }
+  }, async () => 'ok')
+  app.get('/async-plan', { config: { rateLimit: { limit: async () => ({ capacity: 5, refillPerSecond: 1 }), settle: async () => 0 } } }, async () => 'ok')
+  void reserved
+  void failedSettlements
   void one
   void many
   void exportLimit

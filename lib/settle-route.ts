@@ -1,0 +1,85 @@
+// A route that settles: its check reserves the request's cost (the same
+// decision, headers and 429 as any route), keeps the reservation on the
+// request, and once the response has been sent, the route's `settle`
+// function gives the actual cost from the request and the reply, and the
+// difference is refunded or charged (lib/settle.ts).
+//
+// Why after the response: the outcome (the status, the size of the body,
+// the tokens an LLM generated) is known only then, and the client is not
+// kept waiting for the settlement. Nothing of it can become an error
+// response: the response is already sent. A `settle` that throws or
+// returns a bad value is logged as an error (code TOLLGATE_BAD_INPUT, a
+// bug of the app) and the reservation stands; a store that fails is
+// logged by the limiter and counted in `failedSettlements`.
+
+import { describe, optionError } from './errors.js'
+import { unsettled, type Core } from './limiter.js'
+import type { Decision, Limiter, Policy } from './types.js'
+import type { Reservation } from './settle.js'
+
+const kReservation = Symbol('tollgate.reservation')
+
+/** The actual cost of a request, from the request and its response (0: free). */
+export type SettleFunction<Q, P> = (request: Q, reply: P) => number | Promise<number>
+
+/** An allowed reservation a request holds until its response is sent. */
+export interface Pending {
+  reservation: Reservation
+  settle: SettleFunction<never, never>
+  name: string
+}
+
+type Carrier = object & { [kReservation]?: Pending | undefined }
+
+/** What a settlement needs of the adapter: its error for a bad `settle`, and where to log it. */
+export interface SettleSide<Q> {
+  badInput(route: string, detail: string): Error
+  settleFailed(request: Q, err: Error): void
+}
+
+/** The request property that holds a reservation, for the framework to declare. */
+export const RESERVATION = kReservation
+
+/** Registration check: a leased policy cannot settle (a settlement cannot reach this server's batch). */
+export function checkSettle (settle: unknown, policies: readonly Policy[], where: string): void {
+  if (settle === undefined) return
+  const leased = policies.find((p) => p.lease !== undefined)
+  if (leased !== undefined) {
+    throw optionError(`${where}lease`, leased.lease, 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it')
+  }
+  for (const policy of policies) unsettled(policy, where)
+}
+
+/** Reserves instead of consuming, and keeps an allowed reservation on the request for `takeReservation`. */
+export async function reserveFor<Q extends object> (core: Core, request: Q, client: string, policies: readonly Policy[],
+  costs: readonly number[] | undefined, settle: SettleFunction<Q, never>, name: string): Promise<Decision> {
+  const reservation = await core.reserve(client, policies, costs)
+  if (reservation.decision.allowed) (request as Carrier)[kReservation] = { reservation, settle: settle as SettleFunction<never, never>, name }
+  return reservation.decision
+}
+
+/** The reservation the request holds, taken off it (so it is settled once); most requests hold none. */
+export function takeReservation (request: object): Pending | undefined {
+  const pending = (request as Carrier)[kReservation]
+  if (pending !== undefined) (request as Carrier)[kReservation] = undefined
+  return pending
+}
+
+/** After the response: settles a reservation with the route's `settle`; never throws. */
+export async function settleResponse<Q, P> (limiter: Limiter, pending: Pending, request: Q, reply: P, side: SettleSide<Q>): Promise<void> {
+  let actual: unknown
+  try {
+    actual = await (pending.settle as SettleFunction<Q, P>)(request, reply)
+  } catch (cause) {
+    const err = side.badInput(pending.name, `\`settle\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+    err.cause = cause
+    side.settleFailed(request, err)
+    return
+  }
+  if (typeof actual !== 'number' || !Number.isFinite(actual) || actual < 0) {
+    side.settleFailed(request, side.badInput(pending.name, `\`settle\` must return a finite number >= 0, got ${describe(actual)}`))
+    return
+  }
+  // A store failure is logged and counted by the limiter.
+  await limiter.settle(pending.reservation, actual).catch(() => {})
+}

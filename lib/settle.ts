@@ -1,0 +1,168 @@
+// Charging by outcome: a request reserves its cost when it arrives and,
+// once its outcome is known, settles the actual cost: the difference is
+// refunded or charged in one atomic call (lua/settle.lua), so there is no
+// window in which a count can be undone by a concurrent request.
+//
+// Why a handle: the reservation remembers where it was spent. A reserve
+// decided by Redis settles in Redis; one decided by the in-process fallback
+// (failureMode 'local', while Redis failed) settles in that same local
+// bucket, under the local sizes; one that spent nothing (denied, failed
+// open or closed, answered by the denial cache) settles nothing. A handle
+// settles once.
+//
+// Why a refund forgets cached denials: a denial is cached while spending
+// by anyone can only delay the moment the bucket affords the cost; a
+// refund breaks that, so once the store has applied it, the cached denials
+// it can make wrong are dropped: that of the reservation's buckets, and
+// that of each of them alone (see forgetDenials). (The denial that was
+// computed before the refund arrives first: the store's replies come back
+// in the order its scripts ran, on one connection per node.) A charge
+// keeps them: it only delays.
+//
+// Settlement calls go through the guard (deadline, breaker, no pile-up
+// behind a dead store). One that fails is logged, counted, and rejected
+// with the StoreError: the reservation then stands as it was charged.
+
+import type { DenialCache } from './denial-cache.js'
+import { optionError } from './errors.js'
+import type { Guard } from './guard.js'
+import type { MemoryStore } from './memory-store.js'
+import type { RedisStore } from './redis-store.js'
+import type { BucketSpec, StoreReply } from './store.js'
+import type { Decision, DecisionSource, Logger, Policy } from './types.js'
+
+/** A reserved cost, to be settled once with the actual cost. */
+export interface Reservation {
+  /** The decision of the reserve, as `consume` would give it. */
+  readonly decision: Decision
+}
+
+/** Where a reservation was spent: the shared store, the local fallback, or nowhere. */
+type Spent = 'store' | 'local' | undefined
+
+class Held implements Reservation {
+  readonly decision: Decision
+  readonly specs: readonly BucketSpec[]
+  readonly spent: Spent
+  readonly timeoutMs: number
+  settled = false
+
+  constructor (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number) {
+    this.decision = decision
+    this.specs = specs
+    this.spent = spent
+    this.timeoutMs = timeoutMs
+  }
+}
+
+export interface SettleDeps {
+  redis: RedisStore | undefined
+  guard: Guard | undefined
+  /** The store without Redis. */
+  memory: MemoryStore
+  /** The in-process fallback of failureMode 'local'. */
+  local: MemoryStore
+  denials: DenialCache | undefined
+  defaultTimeout: number
+  logger: Logger | undefined
+  summarize: (list: readonly Policy[], reply: StoreReply, source: DecisionSource) => Decision
+  failed: (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number) => Decision
+}
+
+export interface Settlements {
+  reserve (list: readonly Policy[], specs: readonly BucketSpec[]): Promise<Reservation>
+  settle (reservation: Reservation, actual: number): Promise<void>
+  /** Settlements the store failed (deadline, breaker, error) since start. */
+  readonly failures: number
+}
+
+export function settlements (deps: SettleDeps): Settlements {
+  const { redis, guard, memory, local, denials, defaultTimeout } = deps
+  let failures = 0
+
+  function reserve (list: readonly Policy[], specs: readonly BucketSpec[]): Promise<Reservation> {
+    let timeoutMs = Infinity
+    for (const policy of list) timeoutMs = Math.min(timeoutMs, policy.timeout ?? defaultTimeout)
+    if (guard === undefined) return Promise.resolve(held(deps.summarize(list, memory.reserveSync(specs), 'store'), specs, 'store', timeoutMs))
+    const id = specs.map((s) => s.key).join('\n')
+    const cached = denials?.get(id, specs)
+    if (cached !== undefined) return Promise.resolve(held(cached, specs, undefined, timeoutMs))
+    const sentAt = performance.now()
+    return guard.run(() => (redis as RedisStore).reserve(specs), timeoutMs, specs).then((reply) => {
+      const decision = deps.summarize(list, reply, 'store')
+      if (!decision.allowed) denials?.set(id, specs, decision, sentAt)
+      return held(decision, specs, 'store', timeoutMs)
+    }, () => fallback(guard, list, specs, timeoutMs))
+  }
+
+  /** The failure modes, as the limiter's consume applies them; 'local' reserves in the local store. */
+  function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], timeoutMs: number): Reservation {
+    if (list.some((p) => p.failureMode === 'closed')) {
+      guard.fellBack('fail-closed')
+      return held(deps.failed(list, 'fail-closed', Math.max(1000, guard.cooldownLeftMs)), specs, undefined, timeoutMs)
+    }
+    const localList: Policy[] = []
+    const localSpecs: BucketSpec[] = []
+    list.forEach((policy, i) => {
+      if (policy.failureMode !== 'local' || policy.local === undefined) return
+      localList.push({ ...policy, ...policy.local })
+      localSpecs.push({ ...(specs[i] as BucketSpec), ...policy.local })
+    })
+    if (localList.length === 0) {
+      guard.fellBack('fail-open')
+      return held(deps.failed(list, 'fail-open', 0), specs, undefined, timeoutMs)
+    }
+    guard.fellBack('local')
+    return held(deps.summarize(localList, local.reserveSync(localSpecs), 'local'), localSpecs, 'local', timeoutMs)
+  }
+
+  function held (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number): Held {
+    return new Held(decision, specs, decision.allowed ? spent : undefined, timeoutMs)
+  }
+
+  async function settle (reservation: Reservation, actual: number): Promise<void> {
+    if (!(reservation instanceof Held)) throw optionError('reservation', reservation, 'a reservation returned by reserve()')
+    if (reservation.settled) throw optionError('reservation', reservation.decision, 'a reservation not settled yet (each settles once)')
+    if (typeof actual !== 'number' || !Number.isFinite(actual) || actual < 0) throw optionError('actual', actual, 'a finite number >= 0 (the actual cost)')
+    reservation.settled = true
+    const { specs, spent } = reservation
+    if (spent === undefined) return
+    const changes = specs.map((s) => (actual - s.cost) * 1e6 / s.refillPerSecond)
+    if (changes.every((c) => c === 0)) return
+    if (spent === 'local') local.settleSync(specs, changes)
+    else if (guard === undefined) memory.settleSync(specs, changes)
+    else await settleInStore(guard, reservation, changes)
+    if (denials !== undefined && changes.some((c) => c < 0)) forgetDenials(denials, specs)
+  }
+
+  /**
+   * Drops, in O(1) each, the cached denials a refund can make wrong: that
+   * of the reservation's own buckets and that of each bucket alone (another
+   * single-policy route naming the same bucket). DenialCache.forget would
+   * also find other sets that include a bucket, but it scans the cache:
+   * about 1.8 ms per call with 10 000 cached denials, on every refund.
+   */
+  function forgetDenials (cache: DenialCache, specs: readonly BucketSpec[]): void {
+    cache.drop(specs.map((s) => s.key).join('\n'))
+    if (specs.length > 1) for (const spec of specs) cache.drop(spec.key)
+  }
+
+  async function settleInStore (guard: Guard, reservation: Held, changes: readonly number[]): Promise<void> {
+    const { specs } = reservation
+    try {
+      await guard.run(() => (redis as RedisStore).settle(specs, changes), reservation.timeoutMs, specs)
+    } catch (err) {
+      failures++
+      deps.logger?.warn({ err, keys: specs.map((s) => s.key) }, 'rate limit settlement failed; the reservation stands as charged')
+      throw err
+    }
+  }
+
+  return {
+    reserve,
+    settle,
+    get failures () {
+      return failures
+    }
+  }
+}

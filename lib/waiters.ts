@@ -1,0 +1,112 @@
+// Why a bounded pool, and why a monotonic clock.
+//
+// A consume that may wait (a policy's `maxWaitMs`) has already spent its
+// tokens in the store when it learns its delay (lua/token-bucket-ext.lua
+// reserves them): the process then holds the caller for that long. Each
+// held caller is a timer and a promise, so their number is capped per
+// process: a call that finds the pool full is decided without waiting
+// (allowed only when the tokens are there now). A slot is taken before
+// the store call, so a reservation is only ever made by a caller that can
+// wait for it; a call that turns out to need no wait gives it back at once.
+//
+// The delay is the store's, measured on Redis's clock when the script ran;
+// holding the caller for that long from the moment the reply arrives
+// releases it no earlier than the tokens are there (the reply's trip only
+// adds to the wait). It is measured on a monotonic clock, never on
+// Date.now(), which an NTP step could move; and a timer that fires before
+// the clock says the time has passed (timers are not promised to be
+// exact) is armed again for the rest.
+//
+// close() ends every wait at once: the caller is told it was denied (its
+// reserved tokens stay spent: the store cannot take a reservation back
+// without letting others overtake), and no new wait starts.
+
+import { monotonic, type Clock } from './deadline.js'
+
+/** Timers, injectable for tests. */
+export interface Timers {
+  set (fn: () => void, ms: number): unknown
+  clear (handle: unknown): void
+}
+
+const realTimers: Timers = {
+  set: (fn, ms) => setTimeout(fn, ms),
+  clear: (handle) => { clearTimeout(handle as NodeJS.Timeout) }
+}
+
+interface Waiter {
+  until: number
+  handle: unknown
+  resolve: (leftMs: number) => void
+}
+
+export class Waiters {
+  readonly #max: number
+  readonly #clock: Clock
+  readonly #timers: Timers
+  readonly #waiting = new Set<Waiter>()
+  #taken = 0
+  #closed = false
+
+  constructor (max: number, clock: Clock = monotonic, timers: Timers = realTimers) {
+    this.#max = max
+    this.#clock = clock
+    this.#timers = timers
+  }
+
+  /** Slots taken: calls that may wait, in the store or waiting. */
+  get size (): number {
+    return this.#taken
+  }
+
+  /** Takes a slot for a call that may wait; false when the pool is full or closed. */
+  take (): boolean {
+    if (this.#closed || this.#taken >= this.#max) return false
+    this.#taken++
+    return true
+  }
+
+  /** Gives back a slot whose call needs no wait. */
+  release (): void {
+    this.#taken--
+  }
+
+  /**
+   * Holds the caller of a taken slot for `delayMs` on the monotonic clock,
+   * then frees the slot. Resolves with 0, or with the ms that were left
+   * when close() ended the wait.
+   */
+  wait (delayMs: number): Promise<number> {
+    if (this.#closed) {
+      this.#taken--
+      return Promise.resolve(delayMs)
+    }
+    return new Promise((resolve) => {
+      const waiter: Waiter = { until: this.#clock() + delayMs, handle: undefined, resolve }
+      this.#waiting.add(waiter)
+      this.#arm(waiter)
+    })
+  }
+
+  /** Ends every wait (each resolves with the ms it had left) and refuses new ones. */
+  close (): void {
+    this.#closed = true
+    const now = this.#clock()
+    for (const waiter of this.#waiting) {
+      this.#timers.clear(waiter.handle)
+      this.#done(waiter, Math.max(0, waiter.until - now))
+    }
+  }
+
+  #arm (waiter: Waiter): void {
+    const left = waiter.until - this.#clock()
+    if (left <= 0) return this.#done(waiter, 0)
+    waiter.handle = this.#timers.set(() => { this.#arm(waiter) }, Math.ceil(left))
+  }
+
+  #done (waiter: Waiter, leftMs: number): void {
+    this.#waiting.delete(waiter)
+    this.#taken--
+    waiter.resolve(leftMs)
+  }
+}

@@ -1,0 +1,142 @@
+-- tollgate token bucket of one policy, with reservations and a lockout.
+--
+-- Why a script of its own: lua/token-bucket.lua is the hot path of every
+-- limit and stays as cheap as it is; only policies with `maxWaitMs` or
+-- `lockout` send their calls here, and only they pay for what follows.
+--
+-- The bucket is the one of lua/token-bucket.lua (read its header): one
+-- integer, the full-at time F in microseconds of Redis's clock, with the
+-- same arguments computed the same way, and the same rounding.
+--
+-- Reservations: a consume that may wait (mode '2') is allowed when its
+-- cost is affordable within `maxWait` microseconds: it spends at once,
+-- which moves F past the one-window horizon by up to maxWait, and returns
+-- how long the caller must wait before it uses the tokens. Every later
+-- call sees the bucket that far in debt, so waiters are served in the
+-- order of their calls and the bucket is never spent faster than it
+-- refills: the tokens of a reservation are used at the time they would
+-- have been there. The clock-step clamp of lua/token-bucket.lua reads any
+-- F more than one window ahead as a step back of the clock; here the
+-- horizon is the reach, window + maxWait (ARGV[5]), which is what this
+-- policy can legitimately write, so reservations survive it, and a step
+-- back still costs at most one reach. Every call of a policy with
+-- `maxWaitMs` is sent here with its reach, including peeks and consumes
+-- that may not wait (the process's waiters are full): a call with a
+-- shorter horizon would clamp the reservations away. Policies that share
+-- a bucket must therefore share `maxWaitMs` (see README).
+--
+-- Lockouts: KEYS[2] counts the bucket's denials (consumes only); after
+-- `after` of them within `withinMs` of the first, the client is blocked
+-- for `forMs`: every call is denied until then, and says how long is left.
+-- KEYS[2] holds one integer:
+--     n > 0   denials counted in the current period; the key expires when
+--             the period ends (PX withinMs, set at its first denial; INCR
+--             keeps the expiry)
+--     -U < 0  blocked until U, microseconds of Redis's clock; the key
+--             expires one millisecond after U
+-- A block read as more than forMs away means the clock stepped back: it is
+-- read (and, on a consume, written back) as forMs from now, as the bucket
+-- is clamped. Denials during a block are not counted; a block that has
+-- ended but whose key has not yet expired reads as no denial counted.
+-- Nothing clears a lockout but its end or a reset (which deletes both
+-- keys). A period of the count is measured by Redis's expiry (its
+-- millisecond clock), a block by TIME: both are Redis's clock.
+--
+-- KEYS[1]   bucket key
+-- KEYS[2]   lockout key (the bucket key plus '!lockout'; unused without a lockout)
+-- ARGV[1]   mode: '0' peek (decide, write nothing), '1' consume, '2' consume
+--           that may wait up to reach - window microseconds
+-- ARGV[2]   window: capacity * T microseconds, T = 1e6 / refillPerSecond
+-- ARGV[3]   need: cost * T microseconds (> 0, <= window)
+-- ARGV[4]   move: cost * 1e6 / refillPerSecond microseconds
+-- ARGV[5]   reach: window + maxWaitMs * 1000 microseconds (window without
+--           `maxWaitMs`): the most F is ever written ahead of now
+-- ARGV[6]   after: denials that start a lockout (0: no lockout)
+-- ARGV[7]   withinMs: the counting period, whole milliseconds
+-- ARGV[8]   for: the block, microseconds (forMs * 1000, an integer)
+--
+-- Returns two integers { value, extra }:
+--   value >= 0   allowed; value is the microseconds until the bucket is
+--                full again (after spending, on a consume: more than the
+--                window when the call reserved); extra is the microseconds
+--                to wait before using the tokens (0: now)
+--   value < 0    denied, nothing spent; -value is the microseconds until a
+--                retry can be allowed: until the cost is affordable, or
+--                until the block ends; extra is 1 when the denial is a
+--                lockout's (blocked, or this denial started the block)
+--
+-- Limits: lib accepts maxWaitMs <= 3 600 000 and forMs <= 31 536 000 000
+-- (a year), and a window of at most 2^52 microseconds less the reach's
+-- wait, so every stored time stays an integer below 2^53 until 2112.
+
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local mode = ARGV[1]
+local window = ARGV[2] + 0
+local reach = ARGV[5] + 0
+local after = ARGV[6] + 0
+local count = 0
+
+if after > 0 then
+  local lock = redis.call('GET', KEYS[2])
+  if lock then
+    lock = lock + 0
+    if lock > 0 then
+      count = lock
+    else
+      local left = -lock - now
+      if left > 0 then
+        local most = ARGV[8] + 0
+        if left > most then
+          left = most
+          if mode ~= '0' then
+            redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
+          end
+        end
+        return { -math.ceil(left), 1 }
+      end
+    end
+  end
+end
+
+local busy = (redis.call('GET', KEYS[1]) or now) - now
+if busy < 0 then
+  busy = 0
+elseif busy > reach then
+  busy = reach
+  if mode ~= '0' then
+    redis.call('PSETEX', KEYS[1], math.ceil(busy / 1000) + 1, now + math.ceil(busy))
+  end
+end
+
+local over = busy + ARGV[3] - window
+local slack = 0
+if mode == '2' then
+  slack = reach - window
+end
+if over > slack then
+  if after > 0 and mode ~= '0' then
+    count = count + 1
+    if count >= after then
+      local most = ARGV[8] + 0
+      redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
+      return { -most, 1 }
+    end
+    if count == 1 then
+      redis.call('PSETEX', KEYS[2], ARGV[7], 1)
+    else
+      redis.call('INCR', KEYS[2])
+    end
+  end
+  return { -math.ceil(over), 0 }
+end
+
+local delay = 0
+if over > 0 then
+  delay = math.ceil(over)
+end
+if mode ~= '0' then
+  busy = math.ceil(busy + ARGV[4])
+  redis.call('PSETEX', KEYS[1], math.ceil(busy / 1000) + 1, now + busy)
+end
+return { busy, delay }

@@ -1,0 +1,99 @@
+// Shadow mode (`shadow: true`): a shadow policy is decided and spent like
+// an enforced one, but never refuses: its would-be denials pass, flagged
+// `shadow: true` on the decision and on the 'tollgate:decision' message;
+// a route shows no rate-limit headers for it. Against the shared Redis
+// and the in-process store.
+
+import diagnostics from 'node:diagnostics_channel'
+import { Redis } from 'ioredis'
+import t from 'tap'
+import { createLimiter, type Decision, type DecisionMessage, type Policy } from '../lib/index.js'
+import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
+
+const NO_REFILL = 1e-6
+const shadowPolicy: Policy = { bucket: 'new-limit', capacity: 2, refillPerSecond: NO_REFILL, failureMode: 'open', shadow: true }
+
+for (const store of ['redis', 'memory'] as const) {
+  t.test(`${store}: a shadow policy spends as usual and lets its would-be denials through, flagged`, async (t) => {
+    const redis = store === 'redis' ? await sharedRedis(t) : undefined
+    const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 1000 })
+    t.teardown(() => limiter.close())
+    const messages: DecisionMessage[] = []
+    const listen = (m: unknown): void => { messages.push(m as DecisionMessage) }
+    diagnostics.subscribe('tollgate:decision', listen)
+    t.teardown(() => diagnostics.unsubscribe('tollgate:decision', listen))
+    const got: Decision[] = []
+    for (let i = 0; i < 5; i++) got.push(await limiter.consume('client', shadowPolicy))
+    t.same(got.map((d) => d.allowed), [true, true, true, true, true], 'nothing refused')
+    t.same(got.map((d) => d.shadow === true), [false, false, true, true, true], 'the three past capacity are would-be denials')
+    t.ok((got[4] as Decision).retryAfterMs > 1e6, 'with the wait the limit would have told')
+    const mine = messages.filter((m) => m.key === 'client')
+    t.same(mine.map((m) => m.shadow === true), [false, false, true, true, true], 'the diagnostics messages say so too')
+    const enforced = { ...shadowPolicy, shadow: false }
+    t.equal((await limiter.peek('client', enforced)).remaining, 0, 'the two allowed spent their tokens; the would-be denials spent nothing more')
+  })
+}
+
+t.test('with enforced policies, the enforced ones decide; the shadow one spends only when the request is allowed', async (t) => {
+  const redis = await sharedRedis(t)
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 1000 })
+  t.teardown(() => limiter.close())
+  const real: Policy = { bucket: 'real', capacity: 3, refillPerSecond: NO_REFILL, failureMode: 'open' }
+  const list = [real, { ...shadowPolicy, capacity: 1 }]
+  const got: Decision[] = []
+  for (let i = 0; i < 4; i++) got.push(await limiter.consume('c', list, 1))
+  t.same(got.map((d) => [d.allowed, d.shadow === true]), [[true, false], [true, true], [true, true], [false, false]],
+    'the shadow limit would deny the 2nd and 3rd; the real one denies the 4th, not a would-be denial')
+  t.same((got[1] as Decision).policies?.map((d) => [d.bucket, d.allowed, d.shadow === true]), [['real', true, false], ['new-limit', true, true]], 'per policy, in order')
+  t.equal((got[3] as Decision).bucket, 'real', 'the denial is the enforced policy\'s')
+  t.equal((await limiter.peek('c', { ...real, capacity: 3 })).remaining, 0, 'the enforced bucket spent 3')
+  t.equal((await limiter.peek('c', { ...shadowPolicy, capacity: 1, shadow: false })).remaining, 0, 'the shadow bucket spent 1 (its own allowed request)')
+})
+
+t.test('a shadow policy with failureMode closed does not refuse while the store is down', async (t) => {
+  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix() })
+  t.teardown(() => limiter.close())
+  const decision = await limiter.consume('c', { ...shadowPolicy, failureMode: 'closed' })
+  t.equal(decision.allowed, true)
+  t.equal(decision.source, 'fail-open')
+})
+
+t.test('routes: a shadow route never answers 429 and shows no rate-limit headers; a mixed one shows its enforced policies only', async (t) => {
+  const { app } = await buildApp(t, {
+    plugin: { capacity: 1, refillPerSecond: NO_REFILL },
+    routes (app) {
+      app.get('/shadow', { config: { rateLimit: { shadow: true } } }, async (request) => ({ shadow: request.rateLimit?.shadow === true }))
+      app.get('/mixed', { config: { rateLimit: [{ capacity: 5, headers: 'draft-10' }, { bucket: 'tight', shadow: true }] } }, async () => 'ok')
+    }
+  })
+  const first = await app.inject('/shadow')
+  const second = await app.inject('/shadow')
+  t.same([first.statusCode, second.statusCode], [200, 200], 'never refused')
+  t.same([first.json(), second.json()], [{ shadow: false }, { shadow: true }], 'the second is a would-be denial')
+  t.same(Object.keys(second.headers).filter((h) => h.startsWith('ratelimit') || h === 'retry-after'), [], 'no rate-limit header, no Retry-After')
+  await app.inject('/mixed')
+  const mixed = await app.inject('/mixed')
+  t.equal(mixed.statusCode, 200)
+  t.equal(mixed.headers['ratelimit-policy'], '"GET /mixed";q=5;w=5000000', 'the policy list names the enforced bucket only')
+  t.match(String(mixed.headers.ratelimit), /^"GET \/mixed";r=3;t=\d+$/, 'and so do the counts')
+})
+
+t.test('options: shadow must be a boolean, and is not combined with maxWaitMs', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: 'yes' as unknown as boolean }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be true or false, got "yes"/ })
+  await t.rejects(limiter.consume('c', { ...shadowPolicy, maxWaitMs: 100 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.maxWaitMs` must be unset with `shadow: true`/ })
+})
+
+t.test('several shadow policies: only those the request could not afford are flagged', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  const tight: Policy = { ...shadowPolicy, bucket: 'tight', capacity: 1 }
+  const loose: Policy = { ...shadowPolicy, bucket: 'loose', capacity: 10 }
+  await limiter.consume('c', [tight, loose])
+  const second = await limiter.consume('c', [tight, loose])
+  t.match(second, { allowed: true, shadow: true, bucket: 'tight' })
+  t.same(second.policies?.map((d) => [d.bucket, d.allowed, d.shadow === true]), [['tight', true, true], ['loose', true, false]], 'the policy that could afford it is not a would-be denial')
+})

@@ -1,0 +1,212 @@
+// Waiting instead of refusing (`maxWaitMs`): a consume reserves its tokens
+// atomically (lua/token-bucket-ext.lua moves the bucket's full-at time
+// forward and returns the wait), then waits in a bounded pool
+// (lib/waiters.ts). Waiters are served in the order of their calls, the
+// pool's cap and close() have a defined outcome, and in ANY window of
+// length w the admissions stay within capacity + refill x w.
+
+import { setTimeout as sleep } from 'node:timers/promises'
+import { Redis } from 'ioredis'
+import t from 'tap'
+import { createLimiter, type Decision, type Policy } from '../lib/index.js'
+import { MemoryStore } from '../lib/memory-store.js'
+import type { ExtSpec } from '../lib/store.js'
+import { Waiters, type Timers } from '../lib/waiters.js'
+import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
+
+/** Fake clock and timers: a timer fires when the test says so. */
+function fakeTime (): { now: () => number, timers: Timers, pending: Array<{ fn: () => void, ms: number }>, advance: (ms: number) => void } {
+  let clock = 0
+  const pending: Array<{ fn: () => void, ms: number }> = []
+  return {
+    now: () => clock,
+    timers: { set: (fn, ms) => { const timer = { fn, ms }; pending.push(timer); return timer }, clear: (h) => { pending.splice(pending.indexOf(h as never), 1) } },
+    pending,
+    advance: (ms) => { clock += ms }
+  }
+}
+
+t.test('Waiters: a capped pool, a monotonic deadline, a timer that fires early re-armed, close() ends every wait', async (t) => {
+  const time = fakeTime()
+  const pool = new Waiters(2, time.now, time.timers)
+  t.ok(pool.take() && pool.take(), 'two slots')
+  t.notOk(pool.take(), 'the third is refused')
+  pool.release()
+  t.equal(pool.size, 1)
+  const done = pool.wait(100)
+  t.equal(time.pending[0]?.ms, 100, 'a timer for the delay')
+  time.advance(60)
+  time.pending.shift()?.fn()
+  t.equal(time.pending[0]?.ms, 40, 'fired early: armed again for the rest')
+  time.advance(40)
+  time.pending.shift()?.fn()
+  t.equal(await done, 0, 'resolved once the clock says the delay has passed')
+  t.equal(pool.size, 0, 'and the slot is free')
+  t.ok(pool.take())
+  const held = pool.wait(500)
+  time.advance(100)
+  pool.close()
+  t.equal(await held, 400, 'close(): the wait ends with what was left')
+  t.same(time.pending, [], 'its timer cleared')
+  t.notOk(pool.take(), 'closed: no new slot')
+  const late = new Waiters(1, time.now, time.timers)
+  t.ok(late.take())
+  late.close()
+  t.equal(await late.wait(30), 30, 'a wait that starts after close() ends at once')
+  t.equal(late.size, 0)
+  const zero = new Waiters(1, time.now, time.timers)
+  zero.take()
+  t.equal(await zero.wait(0), 0, 'no delay: no timer')
+})
+
+const rate = 50
+/** One token per 20 ms, a burst of 2. */
+const paced: Policy = { bucket: 'partner-api', capacity: 2, refillPerSecond: rate, failureMode: 'open', maxWaitMs: 200 }
+
+for (const store of ['redis', 'memory'] as const) {
+  t.test(`${store}: waiters are served in the order of their calls, never over the limit; past maxWaitMs, denied`, async (t) => {
+    const limiter = createLimiter({ redis: store === 'redis' ? await sharedRedis(t) : undefined, prefix: uniquePrefix(), timeout: 1000 })
+    t.teardown(() => limiter.close())
+    const started = performance.now()
+    const done: Array<{ i: number, at: number, decision: Decision }> = []
+    await Promise.all(Array.from({ length: 14 }, async (_, i) => {
+      await sleep(i) // issue in order
+      const decision = await limiter.consume('worker', paced)
+      done.push({ i, at: performance.now() - started, decision })
+    }))
+    const allowed = done.filter((d) => d.decision.allowed)
+    const denied = done.filter((d) => !d.decision.allowed)
+    t.ok(allowed.length >= 11 && allowed.length <= 13, `2 at once plus about 200 ms / 20 ms reserved (${allowed.length} allowed)`)
+    t.ok(denied.every((d) => d.decision.retryAfterMs > 150), 'the rest denied, each told how long until its tokens are there')
+    const order = allowed.sort((a, b) => a.at - b.at).map((d) => d.i)
+    t.same(order, [...order].sort((a, b) => a - b), 'released in the order of the calls')
+    const waited = allowed.map((d) => d.decision.waitedMs ?? 0)
+    t.equal(waited.filter((w) => w === 0).length, 2, 'the burst did not wait')
+    t.ok(Math.max(...waited) > 150, `the last waited almost maxWaitMs (${Math.max(...waited).toFixed(0)} ms)`)
+  })
+}
+
+t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers each', async (t) => {
+  // Admissions are timed when the caller is released. A release can be late
+  // (timers on a loaded machine, the reply's trip), which bunches releases:
+  // the bound below allows 10 ms of it, refill x 10 ms = 1 token more.
+  const prefix = uniquePrefix()
+  const limiters = [createLimiter({ redis: await sharedRedis(t), prefix, timeout: 1000 }), createLimiter({ redis: await sharedRedis(t), prefix, timeout: 1000 })]
+  t.teardown(async () => { for (const l of limiters) await l.close() })
+  const policy: Policy = { bucket: 'quota', capacity: 5, refillPerSecond: 100, failureMode: 'open', maxWaitMs: 100 }
+  const admitted: number[] = []
+  const end = performance.now() + 1500
+  await Promise.all(limiters.flatMap((limiter) => Array.from({ length: 4 }, async () => {
+    while (performance.now() < end) {
+      const decision = await limiter.consume('fleet', policy)
+      const at = performance.now()
+      if (!decision.allowed) {
+        await sleep(5)
+        continue
+      }
+      admitted.push(at)
+    }
+  })))
+  admitted.sort((a, b) => a - b)
+  const slackMs = 10
+  let worst = -Infinity
+  for (let i = 0; i < admitted.length; i++) {
+    for (let j = i; j < admitted.length; j++) {
+      const w = (admitted[j] as number) - (admitted[i] as number)
+      const excess = (j - i + 1) - (policy.capacity + policy.refillPerSecond * (w + slackMs) / 1000)
+      if (excess > worst) worst = excess
+    }
+  }
+  t.comment(`${admitted.length} admitted in 1.5 s (at most ${policy.capacity + 1.5 * policy.refillPerSecond} by the bucket); worst window excess ${worst.toFixed(2)} with ${slackMs} ms of release lateness allowed`)
+  t.ok(admitted.length > 120, 'the workers kept the bucket busy')
+  t.ok(worst <= 0, 'no window admitted more than capacity + refill x (w + 10 ms)')
+})
+
+t.test('the pool is capped: past maxWaiters, a consume is decided without waiting', async (t) => {
+  const limiter = createLimiter({ redis: await sharedRedis(t), prefix: uniquePrefix(), timeout: 1000, maxWaiters: 1 })
+  t.teardown(() => limiter.close())
+  const policy = { ...paced, capacity: 1, refillPerSecond: 5 }
+  t.equal((await limiter.consume('w', policy)).allowed, true, 'the burst')
+  const [first, second] = await Promise.all([limiter.consume('w', policy), limiter.consume('w', policy)])
+  t.same([first.allowed, second.allowed], [true, false], 'one waiter at a time: the other is denied at once')
+  t.ok((first.waitedMs ?? 0) > 100, 'the first waited for its token')
+})
+
+t.test('close() releases the waiters at once, as denied', async (t) => {
+  const limiter = createLimiter({ redis: await sharedRedis(t), prefix: uniquePrefix(), timeout: 1000 })
+  const policy = { ...paced, capacity: 1, refillPerSecond: 1, maxWaitMs: 60_000 }
+  await limiter.consume('w', policy)
+  const waiting = limiter.consume('w', policy)
+  await sleep(50)
+  const started = performance.now()
+  await limiter.close()
+  const decision = await waiting
+  t.same([decision.allowed, decision.retryAfterMs > 500], [false, true], 'denied, with the wait that was left')
+  t.ok(performance.now() - started < 500, 'at once')
+  const after = await limiter.consume('w', policy)
+  t.equal(after.allowed, false, 'after close(), nothing waits')
+})
+
+t.test('a peek of a reserved bucket waits for nothing and reports the wait', async (t) => {
+  const limiter = createLimiter({ redis: await sharedRedis(t), prefix: uniquePrefix(), timeout: 1000 })
+  t.teardown(() => limiter.close())
+  const policy = { ...paced, capacity: 1, refillPerSecond: 10 }
+  await limiter.consume('w', policy)
+  const waited = await limiter.consume('w', policy)
+  t.ok((waited.waitedMs ?? 0) > 50)
+  const peek = await limiter.peek('w', policy)
+  t.same([peek.allowed, peek.waitedMs], [false, undefined])
+})
+
+t.test('a local fallback reserves in the local store', async (t) => {
+  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix() })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { ...paced, capacity: 1, failureMode: 'local', local: { capacity: 1, refillPerSecond: 20 } }
+  await limiter.consume('w', policy)
+  const decision = await limiter.consume('w', policy)
+  t.same([decision.allowed, decision.source], [true, 'local'])
+  t.ok((decision.waitedMs ?? 0) > 20, `waited for the local token (${decision.waitedMs})`)
+})
+
+t.test('a route with maxWaitMs waits before it would answer 429', async (t) => {
+  const { app } = await buildApp(t, {
+    plugin: { capacity: 1, refillPerSecond: 10 },
+    routes (app) {
+      app.get('/slow', { config: { rateLimit: { maxWaitMs: 500 } } }, async () => 'ok')
+      app.get('/fast', async () => 'ok')
+    }
+  })
+  const codes = [(await app.inject('/slow')).statusCode]
+  const started = performance.now()
+  codes.push((await app.inject('/slow')).statusCode)
+  const took = performance.now() - started
+  codes.push((await app.inject('/fast')).statusCode, (await app.inject('/fast')).statusCode)
+  t.same(codes, [200, 200, 200, 429], 'the route that may wait is served; the other one is refused')
+  t.ok(took > 50, `the second request waited for its token (${took.toFixed(0)} ms of 100)`)
+})
+
+t.test('the in-process store clamps a reserved bucket at its reach, not at one window', async (t) => {
+  let clock = 0
+  const memory = new MemoryStore({ now: () => clock })
+  const spec: ExtSpec = { key: 'k', capacity: 1, refillPerSecond: 1, cost: 1, maxWaitUs: 2e6, mayWait: true, lockout: undefined }
+  t.same([memory.decideExtSync(spec, true).delayUs, memory.decideExtSync(spec, true).delayUs, memory.decideExtSync(spec, true).delayUs], [0, 1e6, 2e6], 'two reserved')
+  t.equal(memory.decideExtSync(spec, true).allowed, false, 'the third is past maxWait')
+  clock = -10e6 // a step back of 10 s
+  const stepped = memory.decideExtSync(spec, true)
+  t.same([stepped.allowed, stepped.bucket.waitUs], [false, 3e6], 'a full-at time 12 s ahead is read as the reach (window + maxWait, 3 s), not as 12 s')
+})
+
+t.test('options: maxWaitMs and maxWaiters are checked; maxWaitMs serves single-policy checks', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  const bad = (maxWaitMs: unknown): Promise<Decision> => limiter.consume('c', { ...paced, maxWaitMs: maxWaitMs as number })
+  await t.rejects(bad(-1), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.maxWaitMs` must be a finite number > 0, got -1/ })
+  await t.rejects(bad('100'), { message: /`policy.maxWaitMs` must be a finite number > 0, got "100"/ })
+  await t.rejects(bad(3_600_001), { message: /`policy.maxWaitMs` must be at most 3600000/ })
+  await t.rejects(limiter.consume('c', { ...paced, capacity: 2 ** 52 / 1e6, refillPerSecond: 1 }), { message: /`policy.maxWaitMs` must be at most 2\^52 µs less/ })
+  await t.rejects(limiter.consume('c', [paced, { ...paced, bucket: 'b', maxWaitMs: undefined }]), { message: /`policy\[0\].maxWaitMs` must be unset in an array of policies/ })
+  t.throws(() => createLimiter({ maxWaiters: 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`maxWaiters` must be an integer > 0, got 0/ })
+  await t.rejects(buildApp(t, { plugin: { redis: undefined, capacity: 1, refillPerSecond: 1, maxWaiters: 1.5 } }), { message: /`maxWaiters` must be an integer > 0, got 1.5/ })
+})
