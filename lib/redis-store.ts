@@ -56,6 +56,23 @@ export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec):
   args.push(spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
 }
 
+/** lua/token-bucket.lua's reply: one integer per bucket (a bare integer for one bucket). */
+function storeReply (reply: unknown, specs: readonly BucketSpec[]): StoreReply {
+  if (specs.length === 1) {
+    const value = reply as number
+    return { allowed: value >= 0, buckets: [bucketState(value, specs[0] as BucketSpec)] }
+  }
+  const values = reply as number[]
+  const buckets: BucketState[] = []
+  let allowed = true
+  for (let i = 0; i < specs.length; i++) {
+    const value = values[i] as number
+    if (value < 0) allowed = false
+    buckets.push(bucketState(value, specs[i] as BucketSpec))
+  }
+  return { allowed, buckets }
+}
+
 /**
  * Buckets in Redis, decided by lua/token-bucket.lua (leases by
  * lua/lease.lua), each call one EVALSHA.
@@ -82,31 +99,28 @@ export class RedisStore implements Store, LeaseStore {
   }
 
   #ready (): void {
-    if (this.#redis.status !== 'ready') {
-      throw new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
-    }
+    if (this.#redis.status !== 'ready') throw this.#down()
   }
 
-  async decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
-    this.#ready()
+  #down (): StoreError {
+    return new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
+  }
+
+  /**
+   * One script call, in one promise over the client's: no async function
+   * between the reply and the guard (this is the call of every request).
+   */
+  decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+    if (this.#redis.status !== 'ready') return Promise.reject(this.#down())
     const args: Array<string | number> = []
     for (const spec of specs) args.push(spec.key)
     args.push(consume ? '1' : '0')
     for (const spec of specs) pushBucketArgs(args, spec)
-    const reply = await this.#run(TOKEN_BUCKET, specs.length, args)
-    if (specs.length === 1) {
-      const value = reply as number
-      return { allowed: value >= 0, buckets: [bucketState(value, specs[0] as BucketSpec)] }
-    }
-    const values = reply as number[]
-    const buckets: BucketState[] = []
-    let allowed = true
-    for (let i = 0; i < specs.length; i++) {
-      const value = values[i] as number
-      if (value < 0) allowed = false
-      buckets.push(bucketState(value, specs[i] as BucketSpec))
-    }
-    return { allowed, buckets }
+    const redis = this.#redis
+    return redis.evalsha(TOKEN_BUCKET.sha, specs.length, ...args).then((reply) => storeReply(reply, specs), (err: unknown) => {
+      if (!isNoScript(err)) throw err
+      return redis.eval(TOKEN_BUCKET.lua, specs.length, ...args).then((reply) => storeReply(reply, specs))
+    })
   }
 
   /** One bucket with reservations and/or a lockout, by lua/token-bucket-ext.lua. */
