@@ -9,7 +9,7 @@
 // Environment:
 //   BENCH_ROUNDS       rounds of every cell, the median is reported (5)
 //   BENCH_SECONDS      measured seconds per cell (3)
-//   BENCH_WARMUP       warm-up seconds per cell, not measured (1)
+//   BENCH_WARMUP       warm-up seconds per cell, not measured (3): app servers start fresh for every cell, and at W3's ~475 requests per second per server a shorter warm-up measures the JIT compiling the app's code more than the code itself
 //   BENCH_CONNECTIONS  autocannon connections for W1 (32)
 //   BENCH_W1_CPU_RATE  pace of W1's CPU window, req/s (2000); W1's req/s and
 //                      latency come from an unpaced window before it
@@ -53,7 +53,7 @@ function envList (name) {
 const settings = {
   rounds: Math.round(envNumber('BENCH_ROUNDS', 5)),
   seconds: envNumber('BENCH_SECONDS', 3),
-  warmup: process.env.BENCH_WARMUP === '0' ? 0 : envNumber('BENCH_WARMUP', 1),
+  warmup: process.env.BENCH_WARMUP === '0' ? 0 : envNumber('BENCH_WARMUP', 3),
   connections: Math.round(envNumber('BENCH_CONNECTIONS', 32)),
   w1CpuRate: Math.round(envNumber('BENCH_W1_CPU_RATE', 2000)),
   luaCalls: Math.round(envNumber('BENCH_LUA_CALLS', 20_000)),
