@@ -28,13 +28,13 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
-import { createCore } from './limiter.js'
-import { DEFAULT_PREFIX, checkFields, isFunction, isRecord, warnings } from './options.js'
+import type { Core } from './limiter.js'
+import { checkFields, isFunction, isRecord, warnings } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
 import { takeReservation } from './settle-route.js'
 import type { Tier } from './tiers.js'
 import {
-  POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
+  POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
@@ -207,16 +207,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   const defaults = pick(options, Object.keys(POLICY_CHECKS))
   checkDefaults(defaults, '')
   const log = options.logger ?? CONSOLE
-  const core = createCore({
-    redis: options.redis,
-    prefix: options.prefix ?? DEFAULT_PREFIX,
-    timeout: options.timeout,
-    breaker: options.breaker,
-    denialCache: options.denialCache,
-    metrics: options.metrics,
-    maxWaiters: options.maxWaiters,
-    logger: log
-  })
+  const core = adapterCore(options, log)
   const ready = start(core, options.redis, log)
   const proxy = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(log)
   const layer = new RequestLayer<Request>(core, options.ipv6Subnet ?? 56, {
@@ -273,7 +264,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
 }
 
 /** The start-up wait: bounded, warns when Redis is not ready by then. */
-async function start (core: ReturnType<typeof createCore>, redis: RedisClient | undefined, log: Logger): Promise<void> {
+async function start (core: Core, redis: RedisClient | undefined, log: Logger): Promise<void> {
   if (redis === undefined) {
     log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
   } else if (!await whenReady(core, redis, START_WAIT_MS)) {

@@ -29,14 +29,13 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
-import { createCore } from './limiter.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './plugin-errors.js'
 import {
-  DEFAULT_PREFIX, HOOKS, checkFields, isBoolean, isRecord, oneOf, warnings
+  HOOKS, checkFields, isBoolean, isRecord, oneOf, warnings
 } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, whenReady } from './request.js'
 import {
-  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
+  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
 } from './route-limit.js'
 import { RESERVATION, takeReservation } from './settle-route.js'
@@ -88,16 +87,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   const defaults = pick(options, Object.keys(FASTIFY.checks))
   checkDefaults(defaults, '')
 
-  const core = createCore({
-    redis: options.redis,
-    prefix: options.prefix ?? DEFAULT_PREFIX,
-    timeout: options.timeout,
-    breaker: options.breaker,
-    denialCache: options.denialCache,
-    metrics: options.metrics,
-    maxWaiters: options.maxWaiters,
-    logger: app.log
-  })
+  const core = adapterCore(options, app.log)
   const { limiter } = core
   const global = options.global ?? true
 

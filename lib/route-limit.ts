@@ -12,14 +12,14 @@
 
 import { optionError } from './errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicies, checkPolicy } from './limiter.js'
+import { checkPolicies, checkPolicy, createCore, type Core } from './limiter.js'
 import {
-  FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
+  DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
   localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient
 } from './options.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
-import type { Policy } from './types.js'
+import type { LimiterOptions, Logger, Policy } from './types.js'
 
 type Check = (value: unknown, name: string) => void
 
@@ -52,6 +52,20 @@ export const STORE_CHECKS: Record<string, Check> = {
   denialCache,
   metrics: metricsOption,
   maxWaiters: positiveInteger
+}
+
+/** An adapter's core, from its store options (checked with STORE_CHECKS) and its logger. */
+export function adapterCore (options: LimiterOptions, logger: Logger): Core {
+  return createCore({
+    redis: options.redis,
+    prefix: options.prefix ?? DEFAULT_PREFIX,
+    timeout: options.timeout,
+    breaker: options.breaker,
+    denialCache: options.denialCache,
+    metrics: options.metrics,
+    maxWaiters: options.maxWaiters,
+    logger
+  })
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
