@@ -11,7 +11,7 @@ import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
 import { LeaseBook } from '../lib/lease.js'
-import { RedisStore } from '../lib/redis-store.js'
+import { LEASE, RedisStore, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_EXT } from '../lib/redis-store.js'
 import type { LeaseReply } from '../lib/store.js'
 import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
 import { startProxy } from './helpers/proxy.js'
@@ -173,6 +173,17 @@ t.test('decisions from a lease: remaining counts the bucket and the lease; sourc
   t.match(second, { allowed: true, source: 'cache', remaining: 98, retryAfterMs: 0 }, 'the next one spends from the lease')
   t.ok(second.resetMs <= first.resetMs && second.resetMs > 0, `resetMs counts down from the lease's reply (${first.resetMs} then ${second.resetMs})`)
   near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'and Redis is not touched')
+})
+
+t.test('a lease call after SCRIPT FLUSH loads the script again: no request sees NOSCRIPT', async (t) => {
+  const { limiter } = await newLimiter(t)
+  const policy = leased('flushed', 100, NO_REFILL, 10, 60_000)
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'store' }, 'the lease script is loaded')
+  t.equal(await admin.script('FLUSH'), 'OK')
+  t.match(await limiter.consume('d', policy), { allowed: true, source: 'store', remaining: 99 }, 'after the flush, the next lease call still comes from Redis')
+  t.equal(Number(await admin.script('EXISTS', LEASE.sha).then((r) => (r as number[])[0])), 1, 'and the script is cached again')
+  // Later tests count script calls: leave every script loaded, as before the flush.
+  for (const each of [TOKEN_BUCKET, TOKEN_BUCKET_EXT, SETTLE]) await admin.script('LOAD', each.lua)
 })
 
 t.test('a lease older than maxAgeMs is given back with the next call', async (t) => {
