@@ -121,12 +121,26 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   })
   const check = checker(layer)
   // Charging by outcome: a request holding a reservation settles it once
-  // the response is sent; the others cost a property read, no promise.
-  app.addHook('onResponse', function tollgateSettle (request, reply, done) {
+  // the response is sent, in an onResponse hook of its route only (an
+  // instance-wide onResponse hook would cost every request of the app its
+  // response listeners). A route the gate compiles gets no route hook: its
+  // settlement listens to the response itself.
+  function settleHook (request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
     const pending = takeReservation(request)
     if (pending === undefined) return done()
     layer.settle(pending, request, reply).then(() => { done() }, done)
-  })
+  }
+  function settleWhenSent (request: FastifyRequest, reply: FastifyReply): void {
+    const res = reply.raw
+    const sent = (): void => {
+      res.removeListener('finish', sent)
+      res.removeListener('error', sent)
+      const pending = takeReservation(request)
+      if (pending !== undefined) void layer.settle(pending, request, reply)
+    }
+    res.on('finish', sent)
+    res.on('error', sent)
+  }
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -135,9 +149,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     route.config = { ...route.config, [kSeen]: true } as typeof route.config
     const limit = limitOf(route.method, route.url, config)
     if (limit === null) return
-    const hook = routeHook(limit, check)
-    const existing = route[limit.hook]
-    route[limit.hook] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
+    appendHook(route, limit.hook, routeHook(limit, check))
+    if (limit.settle !== undefined) appendHook(route, 'onResponse', settleHook)
   })
 
   // The gate: routes onRoute did not see, and 404s (see the top of this file).
@@ -166,13 +179,17 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
       request[kPending] = limit
       return done()
     }
-    check(limit, request, reply).then(() => done(), done)
+    gateCheck(limit, request, reply, done)
   })
   app.addHook('preHandler', function tollgatePendingGate (request: GateRequest, reply, done) {
     const limit = request[kPending]
     if (limit === undefined) return done()
-    check(limit, request, reply).then(() => done(), done)
+    gateCheck(limit, request, reply, done)
   })
+  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
+    if (limit.settle !== undefined) settleWhenSent(request, reply)
+    check(limit, request, reply).then(() => { done() }, done)
+  }
 
   app.addHook('onClose', async () => {
     await limiter.close()
@@ -222,6 +239,13 @@ function notFoundLimit (option: TollgateOptions['notFound'], global: boolean, de
 function notFoundOption (value: unknown, name: string): void {
   if (typeof value === 'boolean' || isRecord(value) || (Array.isArray(value) && value.length > 0)) return
   throw optionError(name, value, 'true, false, a policy object or a non-empty array of policies')
+}
+
+/** Adds `hook` after the route's own hooks of that name. */
+function appendHook (route: object, name: Hook | 'onResponse', hook: unknown): void {
+  const hooks = route as Record<string, unknown>
+  const existing = hooks[name]
+  hooks[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
 }
 
 /** The route-level hook: the check with the route's limit in a closure. */

@@ -9,15 +9,23 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import tollgate, { createLimiter, type Policy } from '../lib/index.js'
-import { buildApp, captureLogs } from './helpers/app.js'
+import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
 
 await redisUrl(t)
 
-/** Counts responses whose settlement is done: a hook added after the plugin's runs after it. */
+/**
+ * Counts responses whose settlement is done: the settling route's onResponse
+ * hook, which the plugin adds in its onRoute, is followed by this one, added
+ * by an onRoute hook that runs after the plugin's.
+ */
 function settlements (app: FastifyInstance): (count: number) => Promise<void> {
   let done = 0
-  app.addHook('onResponse', async () => { done++ })
+  const count = async (): Promise<void> => { done++ }
+  app.addHook('onRoute', (route) => {
+    const hooks = route.onResponse
+    route.onResponse = hooks === undefined ? [count] : [...(Array.isArray(hooks) ? hooks : [hooks]), count]
+  })
   return async (count) => {
     for (let i = 0; done < count; i++) {
       if (i > 500) throw new Error(`${done} of ${count} settlements after 5 s`)
@@ -31,6 +39,7 @@ t.test('failed logins only: a successful login is refunded, failures count', asy
   const { app } = await buildApp(t, {
     plugin: { capacity: 100, refillPerSecond: 1 },
     routes: (app) => {
+      settled = settlements(app)
       app.post('/login', {
         config: {
           rateLimit: {
@@ -47,7 +56,6 @@ t.test('failed logins only: a successful login is refunded, failures count', asy
         if (password !== 'right') reply.code(401)
         return { remaining: request.rateLimit?.remaining }
       })
-      settled = settlements(app)
     }
   })
   const login = (password: string) => app.inject({ method: 'POST', url: '/login', payload: { user: 'ann', password } })
@@ -71,11 +79,11 @@ t.test('charged by response size: extra charges, a debt, and an honest Retry-Aft
   const { app } = await buildApp(t, {
     plugin: { capacity: 100, refillPerSecond: 1 },
     routes: (app) => {
+      settled = settlements(app)
       // 1 token per KiB, 10 KiB of burst, 1 KiB/s; each request reserves 1.
       app.get('/download', {
         config: { rateLimit: { capacity: 10, refillPerSecond: 1, settle: (_request, reply) => Number(reply.getHeader('content-length')) / 1024 } }
       }, async (request) => 'x'.repeat(Number((request.query as { kib: string }).kib) * 1024))
-      settled = settlements(app)
     }
   })
   const get = (kib: number) => app.inject(`/download?kib=${kib}`)
@@ -102,6 +110,7 @@ t.test('several policies settle together; a refund clears the cached denial it m
   const { app, inspect, prefix } = await buildApp(t, {
     plugin: { capacity: 100, refillPerSecond: 1 },
     routes: (app) => {
+      settled = settlements(app)
       app.get('/job', {
         config: {
           rateLimit: [
@@ -113,7 +122,6 @@ t.test('several policies settle together; a refund clears the cached denial it m
         if ((request.query as { wait?: string }).wait === '1') await gate
         return request.rateLimit?.source
       })
-      settled = settlements(app)
     }
   })
   const first = app.inject('/job?wait=1&fail=1')
@@ -143,9 +151,9 @@ t.test('a refund on a route of several policies clears the cached denial of a ro
   const { app } = await buildApp(t, {
     plugin: { capacity: 100, refillPerSecond: 1 },
     routes: (app) => {
+      settled = settlements(app)
       app.get('/job', { config: { rateLimit: [{ ...burst, settle: () => 0 }, { bucket: 'day', capacity: 50, refillPerSecond: 0.001 }] } }, async () => { await gate; return 'job' })
       app.get('/burst', { config: { rateLimit: burst } }, async () => 'burst')
-      settled = settlements(app)
     }
   })
   const job = app.inject('/job')
@@ -195,8 +203,8 @@ t.test('a settlement that fails on a frozen Redis is logged and counted, never a
   const app = Fastify({ logger: { level: 'warn', stream: logs.stream } })
   t.teardown(() => app.close())
   await app.register(tollgate, { redis, capacity: 5, refillPerSecond: 1, failureMode: 'open', timeout: 100 })
-  app.get('/x', { config: { rateLimit: { settle: async () => { server.pause(); return 3 } } } }, async () => 'ok')
   const settled = settlements(app)
+  app.get('/x', { config: { rateLimit: { settle: async () => { server.pause(); return 3 } } } }, async () => 'ok')
   t.teardown(() => { if (server.paused) server.resume() })
   const res = await app.inject('/x')
   t.equal(res.statusCode, 200)
@@ -212,10 +220,10 @@ t.test('bad values from settle are logged, the reservation stands; leases cannot
     fastify: { logger: { level: 'error', stream: logs.stream } },
     plugin: { capacity: 5, refillPerSecond: 0.001 },
     routes: (app) => {
+      settled = settlements(app)
       app.get('/nan', { config: { rateLimit: { settle: () => NaN } } }, async () => 'x')
       app.get('/throws', { config: { rateLimit: { settle: () => { throw new Error('no size') } } } }, async () => 'x')
       app.get('/string', { config: { rateLimit: { settle: async () => { throw 'no' } } } }, async () => 'x') // eslint-disable-line no-throw-literal
-      settled = settlements(app)
     }
   })
   let n = 0
@@ -266,4 +274,38 @@ t.test('reserve and settle by handle: app.tollgate and the core without Redis', 
   await limiter.settle(await limiter.reserve('bob', policies), 0)
   t.match(await limiter.peek('bob', policies), { policies: [{ remaining: 1 }, { remaining: 9 }] }, 'refunded in both')
   await t.rejects(limiter.reserve('bob', { ...policies[0] as Policy, lease: { tokens: 1, maxAgeMs: 10 } }), { message: /`policy.lease` must be unset to reserve/ })
+})
+
+t.test('routes the plugin did not see settle too: a route declared before it, and 404s', async (t) => {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = Fastify()
+  t.teardown(() => app.close())
+  // Declared before the plugin: its limit is compiled on its first request.
+  app.get('/early', { config: { rateLimit: { capacity: 3, refillPerSecond: 1 / 3600, settle: (_request, reply) => reply.statusCode === 200 ? 0 : 1 } } },
+    async (request, reply) => (request.query as { fail?: string }).fail === undefined ? 'ok' : reply.code(400).send('bad'))
+  await app.register(tollgate, {
+    redis, prefix, capacity: 3, refillPerSecond: 1 / 3600, failureMode: 'closed', timeout: 1000, notFound: { bucket: '404', settle: () => 0 }
+  })
+  await app.ready()
+  /** The tokens left in a bucket once the settlements in flight have landed. */
+  async function left (bucket: string, expected: number): Promise<number> {
+    let remaining = -1
+    for (let i = 0; i < 200; i++) {
+      remaining = (await app.tollgate.peek('127.0.0.1', { bucket, capacity: 3, refillPerSecond: 1 / 3600, failureMode: 'closed' })).remaining
+      if (remaining === expected) break
+      await sleep(10)
+    }
+    return remaining
+  }
+  for (let i = 0; i < 5; i++) t.equal((await app.inject('/early')).statusCode, 200, `success ${i + 1}: refunded`)
+  t.equal(await left('GET /early', 3), 3, 'five successes cost nothing')
+  t.equal((await app.inject('/early?fail=1')).statusCode, 400)
+  t.equal(await left('GET /early', 2), 2, 'a failure costs its token')
+  for (let i = 0; i < 2; i++) t.equal((await app.inject('/early?fail=1')).statusCode, 400)
+  t.equal(await left('GET /early', 0), 0, 'three failures spend the bucket')
+  t.equal((await app.inject('/early')).statusCode, 429, 'a denied request holds no reservation to settle')
+  t.equal(await left('GET /early', 0), 0)
+  for (let i = 0; i < 5; i++) t.equal((await app.inject(`/missing/${i}`)).statusCode, 404)
+  t.equal(await left('404', 3), 3, '404s settle with the notFound policy\'s settle')
 })
