@@ -1,7 +1,8 @@
 // One app server of the benchmark, run as a child process so that its CPU
 // time is its own: Fastify (or, for the `express-*` and `erl-*`
 // configurations, Express) with GET /w (and, with `probePolicy`, GET
-// /probe), limited by the configuration named in BENCH_APP (JSON). Over IPC:
+// /probe), limited by the configuration named in BENCH_APP (JSON), or, for
+// `round-trip`, making one empty Redis script call per request. Over IPC:
 //   -> 'ready'   { port }                       once listening
 //   <- 'start'   opens the measured window
 //   <- 'stop'    -> 'stats' { cpuUs, requests, commands, sources } of the window
@@ -32,7 +33,7 @@ let redis
 // included, goes through sendCommand): the round trips per request.
 let commands = 0
 const onExpress = config.startsWith('express') || config.startsWith('erl')
-if (config === 'frl-redis' || config === 'erl-redis' || config.startsWith('tollgate') || (onExpress && config !== 'express-bare')) {
+if (config === 'frl-redis' || config === 'erl-redis' || config === 'round-trip' || config.startsWith('tollgate') || (onExpress && config !== 'express-bare')) {
   redis = new Redis({ host: '127.0.0.1', port: spec.redisPort })
   const send = redis.sendCommand
   redis.sendCommand = function countedSendCommand (...args) {
@@ -80,6 +81,13 @@ async function fastifyApp () {
         ...(config === 'frl-local' ? { cache: spec.localCache } : {})
       }
     })
+  } else if (config === 'round-trip') {
+    // The floor of any limiter that asks Redis on every request: one script
+    // call that does nothing, awaited in a route hook; no key, no header.
+    const sha = await redis.script('LOAD', 'return 1')
+    const roundTrip = async () => { await redis.evalsha(sha, 0) }
+    routeConfig = () => ({})
+    app.addHook('onRoute', (route) => { route.onRequest = [roundTrip] })
   } else if (config.startsWith('tollgate')) {
     await app.register(tollgate, {
       redis,

@@ -101,7 +101,7 @@ export function report (run) {
       }
       const list = cells('W3', c.id)
       const m = (pick) => fixed(median(list.map(pick)), 0)
-      const worst = (pick) => c.id.endsWith('bare') ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
+      const worst = (pick) => c.id.endsWith('bare') || c.id === 'round-trip' ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
       const flood = list[0].probe === undefined
         ? ` ${NA} | ${NA} | ${NA} | ${NA} |`
         : ` ${m((x) => x.probe.responses)} | ${m((x) => x.probe.allowed)} | ${m((x) => x.probe.bound)} | ${worst((x) => x.probe.over)} |`
@@ -143,12 +143,23 @@ export function report (run) {
     out.push(`- ${w.id}: Node CPU per request added over bare Fastify, tollgate / @fastify/rate-limit Redis store: ` +
       `exact ${fixed(exact, 2)} (${verdict(exact, 0.8)}), local caches ${fixed(cached, 2)} (${verdict(cached, 0.8)}); target <= 0.8`)
   }
+  const micros = (value) => value === undefined ? NA : `${value.toFixed(1)} µs`
+  for (const w of workloads) {
+    if (!ran(w.id, 'round-trip')) continue
+    const over = (c) => { const base = cpu(w.id, 'bare'); const mine = cpu(w.id, c); return base === undefined || mine === undefined ? undefined : mine - base }
+    const floor = over('round-trip')
+    const peer = over('frl-redis')
+    const exact = over('tollgate-exact')
+    const above = (x) => x === undefined || floor === undefined ? NA : `${(x - floor).toFixed(1)} µs`
+    out.push(`- ${w.id}: the floor, one Redis round trip per request and nothing else, adds ${micros(floor)} over bare Fastify ` +
+      `(${fixed(floor === undefined || peer === undefined ? undefined : floor / peer, 2)} of @fastify/rate-limit's Redis store); ` +
+      `above that floor, @fastify/rate-limit adds ${above(peer)} and tollgate exact ${above(exact)}`)
+  }
   const addedOver = (w, c, bare) => {
     const base = cpu(w, bare)
     const mine = cpu(w, c)
     return base === undefined || mine === undefined ? undefined : mine - base
   }
-  const micros = (value) => value === undefined ? NA : `${value.toFixed(1)} µs`
   for (const w of workloads) {
     if (!ran(w.id, 'express-bare')) continue
     const erl = addedOver(w.id, 'erl-redis', 'express-bare')
