@@ -2,7 +2,7 @@
 // x three workloads, alternating, on
 // one throwaway Redis; prints a markdown report and writes bench/RESULTS.md.
 //
-//   npm run bench              builds dist/ first; about 20 minutes on 2 cores
+//   npm run bench              builds dist/ first; about 23 minutes on 2 cores
 //                              (about 11 with BENCH_CONFIGS=bare,frl-local,frl-redis,round-trip,tollgate-exact,tollgate-cached)
 //   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about two minutes
 //
