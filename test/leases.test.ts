@@ -186,6 +186,18 @@ t.test('a lease call after SCRIPT FLUSH loads the script again: no request sees 
   for (const each of [TOKEN_BUCKET, TOKEN_BUCKET_EXT, SETTLE]) await admin.script('LOAD', each.lua)
 })
 
+t.test('a lease call Redis refuses for another reason than NOSCRIPT fails that call once, and is not sent again as EVAL', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  const key = `${prefix}:{c}:wrongtype`
+  await admin.hset(key, 'not', 'a bucket')
+  const before = await scriptCalls(admin)
+  const decision = await limiter.consume('c', leased('wrongtype', 100, NO_REFILL, 10, 60_000))
+  t.match(decision, { allowed: false, source: 'fail-closed' }, 'the limit fails closed, as it declares')
+  t.equal(await scriptCalls(admin) - before, 1, 'one script call: a WRONGTYPE reply is not retried as EVAL')
+  t.equal(limiter.state, 'healthy', 'and Redis answered, so the breaker is not touched')
+  t.equal(await admin.type(key), 'hash', 'the key is left as it was')
+})
+
 t.test('a lease older than maxAgeMs is given back with the next call', async (t) => {
   const { limiter, prefix } = await newLimiter(t)
   // 150 ms: far more than two calls in a row take, even on a busy machine.
