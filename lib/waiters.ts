@@ -17,6 +17,12 @@
 // the clock says the time has passed (timers are not promised to be
 // exact) is armed again for the rest.
 //
+// Waiters are released in the order of their due times, whatever order
+// their timers fire in: a timer armed while the loop's cached time was
+// stale fires early and is armed again, and on a busy loop a later
+// waiter's timer can fire first. So the waiter whose timer finds it due
+// releases every waiter due no later than itself, earliest first.
+//
 // close() ends every wait at once: the caller is told it was denied (its
 // reserved tokens stay spent: the store cannot take a reservation back
 // without letting others overtake), and no new wait starts.
@@ -100,8 +106,17 @@ export class Waiters {
 
   #arm (waiter: Waiter): void {
     const left = waiter.until - this.#clock()
-    if (left <= 0) return this.#done(waiter, 0)
-    waiter.handle = this.#timers.set(() => { this.#arm(waiter) }, Math.ceil(left))
+    if (left > 0) {
+      waiter.handle = this.#timers.set(() => { this.#arm(waiter) }, Math.ceil(left))
+      return
+    }
+    const due: Waiter[] = []
+    for (const other of this.#waiting) if (other.until <= waiter.until) due.push(other)
+    due.sort((a, b) => a.until - b.until)
+    for (const each of due) {
+      if (each !== waiter) this.#timers.clear(each.handle)
+      this.#done(each, 0)
+    }
   }
 
   #done (waiter: Waiter, leftMs: number): void {

@@ -59,6 +59,29 @@ t.test('Waiters: a capped pool, a monotonic deadline, a timer that fires early r
   t.equal(await zero.wait(0), 0, 'no delay: no timer')
 })
 
+t.test('Waiters: released in the order of their due times, whatever order their timers fire in', async (t) => {
+  const time = fakeTime()
+  const pool = new Waiters(4, time.now, time.timers)
+  for (let i = 0; i < 4; i++) t.ok(pool.take())
+  const released: number[] = []
+  const waits = [20, 40, 60, 100].map((ms) => pool.wait(ms).then(() => { released.push(ms) }))
+  t.equal(time.pending.length, 4)
+  // The loop was held for 70 ms, and the 60 ms waiter's timer runs first
+  // (the others were armed while the loop's cached time was stale).
+  time.advance(70)
+  const late = time.pending.splice(2, 1)[0]
+  late?.fn()
+  await Promise.all(waits.slice(0, 3))
+  t.same(released, [20, 40, 60], 'every waiter due by then is released, earliest first')
+  t.same(time.pending.map((p) => p.ms), [100], 'their timers cleared; the one not yet due keeps its own')
+  t.equal(pool.size, 1)
+  time.advance(30)
+  time.pending.shift()?.fn()
+  await waits[3]
+  t.same(released, [20, 40, 60, 100])
+  t.equal(pool.size, 0)
+})
+
 const rate = 50
 /** One token per 20 ms, a burst of 2. */
 const paced: Policy = { bucket: 'partner-api', capacity: 2, refillPerSecond: rate, failureMode: 'open', maxWaitMs: 200 }
