@@ -14,6 +14,12 @@ function fixed (value, digits) {
   return value === undefined ? NA : value.toFixed(digits)
 }
 
+/** ' [min to max within single rounds]' of per-round ratios, or '' with fewer than two. */
+function roundRange (ratios) {
+  const finite = ratios.filter((r) => Number.isFinite(r))
+  return finite.length < 2 ? '' : ` [${Math.min(...finite).toFixed(2)} to ${Math.max(...finite).toFixed(2)} within single rounds]`
+}
+
 function verdict (value, target) {
   if (value === undefined) return NA
   return value <= target ? 'meets' : 'misses'
@@ -141,9 +147,8 @@ export function report (run) {
   // round, so its cells ran minutes apart at most): its range is the spread.
   const spread = (w, c, peer) => {
     if (!ran(w, 'bare') || !ran(w, c) || !ran(w, peer)) return ''
-    const ratios = cells(w, c).map((x, i) => (x.cpuUsPerReq - cells(w, 'bare')[i].cpuUsPerReq) / (cells(w, peer)[i].cpuUsPerReq - cells(w, 'bare')[i].cpuUsPerReq))
-      .filter((r) => Number.isFinite(r))
-    return ratios.length < 2 ? '' : ` [${Math.min(...ratios).toFixed(2)} to ${Math.max(...ratios).toFixed(2)} within single rounds]`
+    const bare = cells(w, 'bare')
+    return roundRange(cells(w, c).map((x, i) => (x.cpuUsPerReq - bare[i].cpuUsPerReq) / (cells(w, peer)[i].cpuUsPerReq - bare[i].cpuUsPerReq)))
   }
   for (const w of workloads) {
     const exact = added(w.id, 'tollgate-exact', 'frl-redis')
@@ -207,8 +212,7 @@ export function report (run) {
     `${fixed(usAlone, 2)} alone (CPU ${fixed(alone('tollgate', (x) => x.cpuUsPerCall), 2)}); ` +
     `design note script alone ${fixed(usSeed, 2)} (CPU ${fixed(alone('seed', (x) => x.cpuUsPerCall), 2)})`)
   const seedRatio = usAlone === undefined || usSeed === undefined ? undefined : usAlone / usSeed
-  const seedRatios = (lua.tollgate ?? []).map((x, i) => x.usPerCall / lua.seed?.[i]?.usPerCall).filter((r) => Number.isFinite(r))
-  const seedSpread = seedRatios.length < 2 ? '' : ` [${Math.min(...seedRatios).toFixed(2)} to ${Math.max(...seedRatios).toFixed(2)} within single rounds]`
+  const seedSpread = roundRange((lua.tollgate ?? []).map((x, i) => x.usPerCall / lua.seed?.[i]?.usPerCall))
   out.push(`- Redis time of tollgate's script / the design note script's, same Redis, same run: ${fixed(seedRatio, 2)}${seedSpread} ` +
     `(${verdict(seedRatio, 0.65)}; target <= 0.65)`)
   const bytes = alone('tollgate', (x) => x.memory?.perBucket)
