@@ -29,8 +29,8 @@ import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
-import { checkFields, isFunction, isRecord, warnings } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
+import { checkFields, isFunction, isRecord, outageSummaryMs, warnings } from './options.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, notReady, whenReady, type Denial } from './request.js'
 import { takeReservation } from './settle-route.js'
 import type { Tier } from './tiers.js'
 import {
@@ -153,6 +153,8 @@ export interface ExpressOptions extends ExpressPolicy {
   logger?: Logger | undefined
   /** Configuration warnings (default on): `proxy`, a forwarding header while Express trusts no proxy. */
   warnings?: { proxy?: boolean | undefined } | false | undefined
+  /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */
+  outageSummaryMs?: number | undefined
 }
 
 /** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
@@ -186,7 +188,7 @@ declare global {
 
 const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()' }
 
-const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings }
+const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings, outageSummaryMs }
 
 /** The default logger: the message, then what it is about, if anything. */
 const CONSOLE: Logger = {
@@ -268,7 +270,7 @@ async function start (core: Core, redis: RedisClient | undefined, log: Logger): 
   if (redis === undefined) {
     log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
   } else if (!await whenReady(core, redis, START_WAIT_MS)) {
-    log.warn({ status: redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
+    notReady(core, redis, START_WAIT_MS)
   }
 }
 

@@ -1,6 +1,7 @@
 import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
 import { StoreError } from './errors.js'
+import { OutageLog, scriptsRefused, type Timers } from './outage.js'
 import type { BucketSpec, Store, StoreReply } from './store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 
@@ -27,6 +28,17 @@ export interface GuardObserver {
   call (ms: number, outcome: CallOutcome): void
   /** The breaker turned to `state`. */
   breaker (state: BreakerState): void
+  /** The store turned failing, or healthy again. */
+  store (state: 'healthy' | 'failing'): void
+}
+
+/** How a guard reports outages (lib/outage.ts). */
+export interface GuardReport {
+  /** Period of the summary line while the store fails, ms. */
+  summaryMs?: number | undefined
+  timers?: Timers | undefined
+  /** The store's address, for the log lines. */
+  target?: string | undefined
 }
 
 /**
@@ -38,9 +50,13 @@ export interface GuardObserver {
  */
 const UNUSABLE = /^(?:LOADING|BUSY|MASTERDOWN|CLUSTERDOWN|READONLY|MISCONF|OOM|TRYAGAIN|NOREPLICAS|NOAUTH|NOPERM)\b/
 
-/** True for an error Redis itself replied with, from a server that can serve us: proof the store is alive. */
+/**
+ * True for an error Redis itself replied with, from a server that can serve
+ * us: proof the store is alive. A server that cannot run the scripts
+ * (lib/outage.ts scriptsRefused) answers, but can decide nothing: it is not.
+ */
 export function provesAlive (cause: unknown): boolean {
-  return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message)
+  return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message) && !scriptsRefused(cause)
 }
 
 /**
@@ -53,8 +69,9 @@ export function provesAlive (cause: unknown): boolean {
  *   `cooldownMs` no call reaches the store and callers fall back at once.
  *   Then one probe goes through; its success closes the breaker, its
  *   failure opens it for another cool-down.
- * - Logs once when the store turns from healthy to failing, and once on
- *   recovery with the number of fallback decisions made meanwhile.
+ * - Logs once when the store turns from healthy to failing, a summary at
+ *   most once per period while it keeps failing, and once on recovery with
+ *   the number of fallback decisions made meanwhile (lib/outage.ts).
  * - Durations come from `clock`, monotonic: a step of the wall clock
  *   neither prolongs nor cuts a cool-down.
  * - An optional `observer` hears how long each store call took, from send
@@ -69,6 +86,7 @@ export class Guard {
   readonly #store: Store
   readonly #breaker: BreakerOptions
   readonly #logger: Logger | undefined
+  readonly #outage: OutageLog
   readonly #clock: Clock
   readonly #deadlines: Deadlines
   readonly #observer: GuardObserver | undefined
@@ -76,21 +94,19 @@ export class Guard {
   /** Clock time at which the open breaker lets a probe through; undefined while closed. */
   #openUntil: number | undefined
   #probing = false
-  /** Clock time at which the store started failing; undefined while healthy. */
-  #failingSince: number | undefined
-  #fallbacks: Record<FallbackSource, number> = { local: 0, 'fail-open': 0, 'fail-closed': 0 }
 
-  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver) {
+  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver, report: GuardReport = {}) {
     this.#store = store
     this.#breaker = breaker
     this.#logger = logger
     this.#clock = clock
     this.#observer = observer
     this.#deadlines = new Deadlines(clock)
+    this.#outage = new OutageLog({ logger, clock, ...report })
   }
 
   get state (): 'healthy' | 'failing' {
-    return this.#failingSince === undefined ? 'healthy' : 'failing'
+    return this.#outage.failing ? 'failing' : 'healthy'
   }
 
   /** Milliseconds until the breaker lets a probe through; 0 when closed. */
@@ -132,9 +148,24 @@ export class Guard {
     }
   }
 
-  /** Counts a decision made without the store during an outage, for the recovery log line. */
+  /** Counts a decision made without the store during an outage, for the summary and recovery lines. */
   fellBack (source: FallbackSource): void {
-    if (this.#failingSince !== undefined) this.#fallbacks[source]++
+    this.#outage.fellBack(source)
+  }
+
+  /**
+   * The store is known to be failing without a call having failed (at
+   * start-up: not connected after the wait, or unable to run the scripts).
+   * Turns failing, logging `message` instead of the usual line; counts
+   * nothing towards the breaker.
+   */
+  down (err: StoreError, message?: string): void {
+    this.#turnFailing(err, message)
+  }
+
+  /** Stops the outage summary's timer. */
+  close (): void {
+    this.#outage.close()
   }
 
   /** Whether a call may reach the store: undefined while the breaker skips it, else whether it is the probe. */
@@ -189,11 +220,7 @@ export class Guard {
   #failed (err: StoreError, probe: boolean): void {
     this.#failures++
     if (probe) this.#probing = false
-    if (this.#failingSince === undefined) {
-      this.#failingSince = this.#clock()
-      this.#logger?.warn({ err }, 'rate limit store failing; limits follow their failure modes')
-      if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'failing', error: err })
-    }
+    this.#turnFailing(err, undefined)
     // Opens on the threshold, or again when its probe fails; calls that were
     // already in flight and fail while it is open change nothing.
     if (probe || (this.#openUntil === undefined && this.#failures >= this.#breaker.failures)) {
@@ -212,14 +239,17 @@ export class Guard {
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'closed' })
       this.#observer?.breaker('closed')
     }
-    if (this.#failingSince !== undefined) {
-      const downMs = this.#clock() - this.#failingSince
-      const decisions = this.#fallbacks
-      this.#failingSince = undefined
-      this.#fallbacks = { local: 0, 'fail-open': 0, 'fail-closed': 0 }
-      this.#logger?.info({ downMs, decisions }, 'rate limit store recovered')
-      if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'healthy', downMs, decisions })
+    const outage = this.#outage.recovered()
+    if (outage !== undefined) {
+      this.#observer?.store('healthy')
+      if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'healthy', ...outage })
     }
+  }
+
+  #turnFailing (err: StoreError, message: string | undefined): void {
+    if (!this.#outage.failed(err, message)) return
+    this.#observer?.store('failing')
+    if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'failing', error: err })
   }
 }
 

@@ -1,6 +1,6 @@
 import diagnostics from 'node:diagnostics_channel'
 import { DenialCache } from './denial-cache.js'
-import { optionError } from './errors.js'
+import { optionError, type StoreError } from './errors.js'
 import { monotonic } from './deadline.js'
 import { Guard } from './guard.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
@@ -9,8 +9,10 @@ import { MemoryStore } from './memory-store.js'
 import { Metrics } from './metrics.js'
 import {
   DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, MAX_WINDOW_US, breaker, checkFields, deadlineMs, denialCache, lease, isBoolean,
-  isRecord, keyPrefix, localPolicy, lockout, metricsOption, maxWaitMs, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient, storableBucket
+  isRecord, keyPrefix, localPolicy, lockout, metricsOption, maxWaitMs, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient,
+  storableBucket
 } from './options.js'
+import { processWarnings } from './process-warnings.js'
 import { RedisStore } from './redis-store.js'
 import { settlements, type Reservation } from './settle.js'
 import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
@@ -32,8 +34,14 @@ export interface Core {
   decide(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
   /** A reserve, one cost per policy, already checked (as `decide`); settled through `limiter.settle`. */
   reserve(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
-  /** Loads the scripts (on every master of a Cluster) ahead of the first decision. */
+  /**
+   * Loads the scripts (on every master of a Cluster) ahead of the first
+   * decision; a store that cannot run them is marked failing, with one
+   * error line naming the cause.
+   */
   warm(): Promise<void>
+  /** Marks the store failing (start-up found it not ready), logging `message` once. */
+  down(err: StoreError, message: string): void
 }
 
 /** Published for every decision: `{ key, decision }`. */
@@ -47,6 +55,7 @@ const LIMITER_CHECKS = {
   denialCache,
   metrics: metricsOption,
   maxWaiters: positiveInteger,
+  outageSummaryMs,
   logger: (value: unknown, name: string) => {
     if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
       throw optionError(name, value, 'a logger with warn, info and error methods')
@@ -161,16 +170,18 @@ export function createCore (options: LimiterOptions = {}): Core {
   const waiters = new Waiters(options.maxWaiters ?? 1000)
   const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
   const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, redis !== undefined)
+  // Without a logger, the core's lines are process warnings (lib/process-warnings.ts): never silent.
+  const logger = options.logger ?? processWarnings
   const guard = redis === undefined
     ? undefined
-    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, options.logger, monotonic, metrics)
+    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, logger, monotonic, metrics, { summaryMs: options.outageSummaryMs, target: redis.target })
   const leases = new LeaseBook(10_000)
   let flights: LeaseFlights | undefined
   const checked = new WeakSet<object>()
   const denials = guard === undefined || options.denialCache === false
     ? undefined
     : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
-  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger: options.logger, summarize, failed })
+  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger, summarize, failed })
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -425,13 +436,19 @@ export function createCore (options: LimiterOptions = {}): Core {
       denials?.clear()
       memory.clear()
       localStore.clear()
+      guard?.close()
       metrics?.close()
     },
     get state () {
       return guard?.state ?? 'healthy'
     }
   }
-  return { limiter, decide, reserve, warm: async () => { await redis?.warm() } }
+  async function warm (): Promise<void> {
+    const refused = await redis?.warm(`${prefix}:warm`)
+    if (refused !== undefined) (guard as Guard).down(refused)
+  }
+  // Only the adapters call `down`, and only with a `redis`, hence a guard.
+  return { limiter, decide, reserve, warm, down: (err, message) => { (guard as Guard).down(err, message) } }
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */

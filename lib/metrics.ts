@@ -15,7 +15,9 @@
 //
 // The breaker's state is an up-down counter of breakers per state, not a
 // gauge: each limiter adds its 1 to its current state, so several limiters
-// on one Meter add up instead of overwriting each other's observation.
+// on one Meter add up instead of overwriting each other's observation. The
+// store's state (healthy or failing, as `limiter.state` says) is counted
+// the same way.
 
 import type { BreakerState, CallOutcome, GuardObserver } from './guard.js'
 import type { Decision, MetricsMeter } from './types.js'
@@ -24,6 +26,8 @@ type Counter = ReturnType<MetricsMeter['createCounter']>
 type Histogram = ReturnType<MetricsMeter['createHistogram']>
 
 const BREAKER_STATES: readonly BreakerState[] = ['closed', 'open', 'half-open']
+type StoreState = 'healthy' | 'failing'
+const STORE_STATES: readonly StoreState[] = ['healthy', 'failing']
 
 /**
  * Bucket boundaries of the store call histogram, ms: fine around the
@@ -37,8 +41,11 @@ export class Metrics implements GuardObserver {
   readonly #duration: Histogram
   readonly #breakers: Counter
   readonly #transitions: Counter
+  readonly #stores: Counter
   /** This limiter's breaker state; undefined without a breaker (no Redis) or once closed. */
   #state: BreakerState | undefined
+  /** This limiter's store state; undefined as #state is. */
+  #storeState: StoreState | undefined
 
   /** `breaker`: whether the limiter has a circuit breaker (it has one with `redis`). */
   constructor (meter: MetricsMeter, breaker: boolean) {
@@ -63,9 +70,15 @@ export class Metrics implements GuardObserver {
       description: 'Circuit breaker changes, by the state entered',
       unit: '{transition}'
     })
+    this.#stores = meter.createUpDownCounter('tollgate.store.state', {
+      description: 'Limiters whose store is in each state (healthy, failing), one per limiter with a store',
+      unit: '{limiter}'
+    })
     if (breaker) {
       this.#state = 'closed'
       for (const state of BREAKER_STATES) this.#breakers.add(state === 'closed' ? 1 : 0, { state })
+      this.#storeState = 'healthy'
+      for (const state of STORE_STATES) this.#stores.add(state === 'healthy' ? 1 : 0, { state })
     }
   }
 
@@ -95,10 +108,19 @@ export class Metrics implements GuardObserver {
     this.#transitions.add(1, { state })
   }
 
-  /** The limiter is closed: its breaker leaves the count. */
+  store (state: StoreState): void {
+    if (this.#storeState === undefined) return
+    this.#stores.add(-1, { state: this.#storeState })
+    this.#stores.add(1, { state })
+    this.#storeState = state
+  }
+
+  /** The limiter is closed: its breaker and its store leave the counts. */
   close (): void {
     if (this.#state === undefined) return
     this.#breakers.add(-1, { state: this.#state })
     this.#state = undefined
+    this.#stores.add(-1, { state: this.#storeState as StoreState })
+    this.#storeState = undefined
   }
 }

@@ -233,6 +233,17 @@ export function warnings (value: unknown, name: string): void {
   checkFields(value, { proxy: isBoolean }, name + '.')
 }
 
+/** Shortest and longest period of the outage summary line, ms: at most one line a second, at least one an hour. */
+export const MIN_SUMMARY_MS = 1000
+export const MAX_SUMMARY_MS = 3_600_000
+
+/** `outageSummaryMs`: a number of ms from MIN_SUMMARY_MS to MAX_SUMMARY_MS. */
+export function outageSummaryMs (value: unknown, name: string): void {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < MIN_SUMMARY_MS || value > MAX_SUMMARY_MS) {
+    throw optionError(name, value, `a number of ms from ${MIN_SUMMARY_MS} to ${MAX_SUMMARY_MS} (at most one summary line a second while the store fails)`)
+  }
+}
+
 export function denialCache (value: unknown, name: string): void {
   if (value === false) return
   if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys }')

@@ -92,18 +92,20 @@ export interface TollgateOptions extends RoutePolicy {
   /** OpenTelemetry metrics, off unless set: `{ meter }`, a Meter of @opentelemetry/api. */
   metrics?: MetricsOptions | undefined
   /**
-   * Configuration warnings (default all on): `proxy`, requests that came
-   * through a proxy Fastify does not trust. `false` silences every one.
-   */
-  /**
    * 404s: true limits them with the plugin's options, a policy (or several)
    * over the plugin's options, false leaves them unlimited. One bucket per
    * client, named '404' unless the policy names one. Default: `global`.
    */
   notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
+  /**
+   * Configuration warnings (default all on): `proxy`, requests that came
+   * through a proxy Fastify does not trust. `false` silences every one.
+   */
   warnings?: { proxy?: boolean | undefined } | false | undefined
   /** Most consumes waiting for reserved tokens at once in this process (default 1000); past it, calls do not wait. */
   maxWaiters?: number | undefined
+  /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */
+  outageSummaryMs?: number | undefined
 }
 
 /**

@@ -31,9 +31,9 @@ import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './plugin-errors.js'
 import {
-  HOOKS, checkFields, isBoolean, isRecord, oneOf, warnings
+  HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warnings
 } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, whenReady } from './request.js'
+import { NO_ADDRESS, RequestLayer, answer, notReady, whenReady } from './request.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
@@ -62,7 +62,8 @@ const PLUGIN_CHECKS = {
   ...STORE_CHECKS,
   global: isBoolean,
   notFound: notFoundOption,
-  warnings
+  warnings,
+  outageSummaryMs
 }
 
 type Hook = (typeof HOOKS)[number]
@@ -94,7 +95,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   if (options.redis === undefined) {
     app.log.warn('tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
   } else if (!await whenReady(core, options.redis, START_WAIT_MS)) {
-    app.log.warn({ status: options.redis.status }, `tollgate: Redis is not ready after ${START_WAIT_MS} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
+    notReady(core, options.redis, START_WAIT_MS)
   }
   const onIp = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(app)
 

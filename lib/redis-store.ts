@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Cluster, Redis } from 'ioredis'
 import { StoreError } from './errors.js'
+import { scriptsRefused } from './outage.js'
 import {
   bucketState, extReply, lockKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type Store, type StoreReply
 } from './store.js'
@@ -73,19 +74,63 @@ function storeReply (reply: unknown, specs: readonly BucketSpec[]): StoreReply {
   return { allowed, buckets }
 }
 
+/** `host:port`, brackets around an IPv6 host. */
+function hostPort (host: unknown, port: unknown): string {
+  const name = typeof host === 'string' && host !== '' ? host : '127.0.0.1'
+  return `${name.includes(':') ? `[${name}]` : name}:${typeof port === 'number' || typeof port === 'string' ? port : 6379}`
+}
+
+/** A Cluster seed node as ioredis takes it (a port, a URL or `host:port`, an object), without its password. */
+function seedAddress (node: unknown): string {
+  if (typeof node === 'number') return hostPort(undefined, node)
+  if (typeof node === 'string') {
+    try {
+      const url = new URL(node.includes('://') ? node : `redis://${node}`)
+      return hostPort(url.hostname.replace(/^\[|\]$/g, ''), url.port === '' ? undefined : url.port)
+    } catch {
+      return 'an address ioredis could not parse either'
+    }
+  }
+  const { host, port } = node as { host?: unknown, port?: unknown }
+  return hostPort(host, port)
+}
+
+/**
+ * Where a client connects, for log lines: `host:port`, `unix:<path>`, the
+ * sentinels and the master's name, or a Cluster's seed nodes. Never a user
+ * name or a password.
+ */
+export function storeTarget (client: Client): string {
+  const redis = client as RedisClient
+  if (isCluster(redis)) {
+    const seeds = (redis as unknown as { startupNodes?: unknown }).startupNodes
+    return `cluster seeds ${(Array.isArray(seeds) ? seeds : []).map(seedAddress).join(', ')}`
+  }
+  const { host, port, path, sentinels, name } = redis.options as { host?: unknown, port?: unknown, path?: unknown, sentinels?: unknown, name?: unknown }
+  if (typeof path === 'string' && path !== '') return `unix:${path}`
+  if (Array.isArray(sentinels) && sentinels.length > 0) return `sentinels ${sentinels.map(seedAddress).join(', ')} (master "${String(name)}")`
+  return hostPort(host, port)
+}
+
 /**
  * Buckets in Redis, decided by lua/token-bucket.lua (leases by
  * lua/lease.lua), each call one EVALSHA.
  *
  * A command is only sent while the client is connected: when it is not,
  * the call fails at once instead of waiting in the client's offline queue.
+ * A client that nobody connected (ioredis's `lazyConnect`, status 'wait')
+ * is asked to connect by the first call that finds it so: the limiter
+ * would otherwise never reach Redis, and fail over for ever.
  */
 export class RedisStore implements Store, LeaseStore {
   readonly #redis: RedisClient
+  /** The client's address, for log lines (storeTarget). */
+  readonly target: string
 
   constructor (client: Client) {
     const redis = client as RedisClient
     this.#redis = redis
+    this.target = storeTarget(client)
   }
 
   /** EVALSHA `script`; on NOSCRIPT, one EVAL of its source. `args` holds the keys, then the arguments. */
@@ -103,7 +148,10 @@ export class RedisStore implements Store, LeaseStore {
   }
 
   #down (): StoreError {
-    return new StoreError('TOLLGATE_STORE_DOWN', `Redis is not connected (status ${this.#redis.status})`)
+    const redis = this.#redis
+    if (redis.status !== 'wait') return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} is not connected (status ${redis.status})`)
+    redis.connect().catch(() => {})
+    return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
   }
 
   /**
@@ -181,13 +229,24 @@ export class RedisStore implements Store, LeaseStore {
 
   /**
    * Loads the scripts on every master, which also opens the connections, so
-   * the first decisions after start-up need neither. Failures are ignored:
-   * the failure modes cover a store that is not there yet.
+   * the first decisions after start-up need neither; then peeks at `key`
+   * (a peek writes nothing), as a decision would, to learn whether this
+   * server runs the scripts at all: SCRIPT LOAD succeeding does not show
+   * that EVALSHA is allowed, nor SCRIPT LOAD failing that it is not.
+   * Resolves with the peek's error when it says the scripts cannot run
+   * (lib/outage.ts scriptsRefused), else undefined: other failures are the
+   * failure modes' to cover, for a store that is not there yet.
    */
-  async warm (): Promise<void> {
+  async warm (key: string): Promise<StoreError | undefined> {
     const redis = this.#redis
     const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
     await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => node.script('LOAD', s.lua))))
+    try {
+      await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
+    } catch (cause) {
+      if (scriptsRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${(cause as Error).message}`, { cause })
+    }
+    return undefined
   }
 
   async reset (key: string): Promise<void> {

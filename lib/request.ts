@@ -22,10 +22,11 @@
 // request object; a synchronous result is used as it is, so the common
 // synchronous `key` costs no promise.
 
-import { describe } from './errors.js'
+import { StoreError, describe } from './errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from './keys.js'
 import { shownDecision, type Core } from './limiter.js'
+import { storeTarget } from './redis-store.js'
 import type { RequestFn, RouteLimit } from './route-limit.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
 import type { Decision, Policy, RedisClient } from './types.js'
@@ -199,6 +200,17 @@ export async function whenReady (core: Core, redis: RedisClient, ms: number): Pr
   if (redis.status !== 'ready') return false
   await within(core.warm(), ms - (Date.now() - started))
   return true
+}
+
+/**
+ * After a start-up wait that did not see the client ready: the store is
+ * failing from the start (`limiter.state`, the metrics, the summaries while
+ * it stays so), with one warning naming where the client connects.
+ */
+export function notReady (core: Core, redis: RedisClient, ms: number): void {
+  const target = storeTarget(redis)
+  const err = new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${target} is not ready after ${ms} ms (status ${redis.status})`)
+  core.down(err, `tollgate: Redis at ${target} is not ready after ${ms} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
 }
 
 async function waitReady (redis: RedisClient, ms: number): Promise<void> {

@@ -15,7 +15,7 @@ import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { checkPolicies, checkPolicy, createCore, type Core } from './limiter.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, positiveInteger, positiveNumber, redisClient
+  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient
 } from './options.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
@@ -51,7 +51,8 @@ export const STORE_CHECKS: Record<string, Check> = {
   breaker,
   denialCache,
   metrics: metricsOption,
-  maxWaiters: positiveInteger
+  maxWaiters: positiveInteger,
+  outageSummaryMs
 }
 
 /** An adapter's core, from its store options (checked with STORE_CHECKS) and its logger. */
@@ -64,6 +65,7 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
     denialCache: options.denialCache,
     metrics: options.metrics,
     maxWaiters: options.maxWaiters,
+    outageSummaryMs: options.outageSummaryMs,
     logger
   })
 }

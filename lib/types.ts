@@ -155,11 +155,14 @@ export interface LimiterOptions {
    * denied cannot afford the cost yet (default on, 10 000 entries).
    */
   denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /** Where the store's state changes go; default: process warnings (process.emitWarning). */
   logger?: Logger | undefined
   /** OpenTelemetry metrics, off unless set. */
   metrics?: MetricsOptions | undefined
   /** Most consumes holding a reservation at once in this process (default 1000); past it, calls do not wait. */
   maxWaiters?: number | undefined
+  /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */
+  outageSummaryMs?: number | undefined
 }
 
 export interface Limiter {
@@ -186,7 +189,11 @@ export interface Limiter {
    * tokens resolve at once as denied. Never closes the Redis client.
    */
   close(): Promise<void>
-  /** 'healthy' while the store answers, 'failing' after a failure until a success. */
+  /**
+   * 'healthy' while the store answers; 'failing' after a failure (or, with
+   * an adapter, from a start-up that found Redis not ready or unable to run
+   * the scripts) until a success.
+   */
   readonly state: 'healthy' | 'failing'
 }
 

@@ -164,6 +164,14 @@ t.test('reply errors that mean Redis cannot serve count as failures', async (t) 
     await t.rejects(guard.run(reply(`${code} the server says no`), 1000, specs), { code: 'TOLLGATE_STORE_ERROR' })
     t.equal(guard.state, 'failing', `${code}: the store is failing`)
   }
+  // A server that cannot run the scripts at all (renamed, refused by an
+  // ACL, no Lua engine, as Valkey without its Lua module answers) is up but
+  // decides nothing: failing too.
+  for (const message of ["ERR unknown command 'evalsha', with args beginning with: ", "NOPERM User app has no permissions to run the 'evalsha' command", "ERR Could not find scripting engine 'lua'"]) {
+    const guard = new Guard(new RedisStore(redis), { failures: 1, cooldownMs: 60_000 }, undefined)
+    await t.rejects(guard.run(reply(message), 1000, specs), { code: 'TOLLGATE_STORE_ERROR' })
+    t.equal(guard.state, 'failing', `${message}: the store is failing`)
+  }
   for (const message of ['ERR value is not an integer or out of range', 'WRONGTYPE Operation against a key holding the wrong kind of value', 'BUSYKEY Target key name already exists.']) {
     const guard = new Guard(new RedisStore(redis), { failures: 1, cooldownMs: 60_000 }, undefined)
     await t.rejects(guard.run(reply(message), 1000, specs), { code: 'TOLLGATE_STORE_ERROR' })

@@ -165,6 +165,7 @@ t.test('a frozen Redis: timeouts, fail-open, fail-closed and local decisions, th
   const opened = await read()
   t.same(opened['tollgate.breaker.state'], { 'state=closed': 0, 'state=half-open': 0, 'state=open': 1 }, 'open')
   t.same(opened['tollgate.breaker.transitions'], { 'state=open': 1 })
+  t.same(opened['tollgate.store.state'], { 'state=healthy': 0, 'state=failing': 1 }, 'the store is failing, as limiter.state says')
 
   await sleep(COOLDOWN_MS + 50)
   const probe = limiter.consume('alice', open)
@@ -199,6 +200,7 @@ t.test('a frozen Redis: timeouts, fail-open, fail-closed and local decisions, th
   t.ok(timeout.min >= TIMEOUT_MS, `each timeout waited its deadline (min ${timeout.min.toFixed(1)} ms >= ${TIMEOUT_MS})`)
   t.same(snapshot['tollgate.breaker.state'], CLOSED_ONLY, 'closed again')
   t.same(snapshot['tollgate.breaker.transitions'], { 'state=open': 2, 'state=half-open': 2, 'state=closed': 1 })
+  t.same(snapshot['tollgate.store.state'], { 'state=healthy': 1, 'state=failing': 0 }, 'healthy again')
 })
 
 t.test('a store error has its own outcome', async (t) => {
@@ -256,6 +258,7 @@ t.test('shadow decisions carry `shadow: true`; a closed recorder ignores the bre
   metrics.decided(denied)
   metrics.close()
   metrics.breaker('open')
+  metrics.store('failing')
   metrics.close()
   const snapshot = await read()
   t.same(snapshot['tollgate.decisions'], {
@@ -264,6 +267,7 @@ t.test('shadow decisions carry `shadow: true`; a closed recorder ignores the bre
     'bucket=b,outcome=denied,source=store': 1
   }, 'a would-be denial is { outcome: denied, shadow: true }')
   t.same(snapshot['tollgate.breaker.state'], { 'state=closed': 0, 'state=half-open': 0, 'state=open': 0 })
+  t.same(snapshot['tollgate.store.state'], { 'state=healthy': 0, 'state=failing': 0 })
   t.equal(snapshot['tollgate.breaker.transitions'], undefined)
 })
 

@@ -1,0 +1,183 @@
+// What an operator hears while the store fails (README "When Redis fails").
+//
+// A limiter whose store fails is not limiting, or limits only by its
+// failure modes: it must keep saying so, but never with a line per
+// request. So an outage is told in three kinds of line:
+//
+//   failing    once, when the store turns from healthy to failing, with the
+//              error and the store's address; at error level when the store
+//              cannot run the scripts at all (scripting renamed, refused by
+//              ACL, or a server without its Lua engine), which no reconnect
+//              repairs;
+//   summary    while it keeps failing, at most one line per `summaryMs`:
+//              the decisions made without the store since the last line,
+//              by failure mode, and the latest error; a period without
+//              such decisions logs nothing (nothing went unlimited);
+//   recovered  once, when it answers again, with the outage's length and
+//              the decisions each failure mode made during it.
+//
+// The period's timer and the clock are injected (tests drive them by hand);
+// the real timer is unref'd, so an outage never keeps a process alive.
+
+import { StoreError } from './errors.js'
+import type { Clock } from './deadline.js'
+import type { FallbackCounts, Logger } from './types.js'
+
+type Source = keyof FallbackCounts
+
+/** A repeating timer, as the summary needs one. */
+export interface Timers {
+  /** Calls `fn` every `ms` until the returned handle is stopped. */
+  every (ms: number, fn: () => void): { stop (): void }
+}
+
+/** Node's timers, unref'd. */
+export const nodeTimers: Timers = {
+  every (ms, fn) {
+    const timer = setInterval(fn, ms)
+    timer.unref()
+    return { stop: () => { clearInterval(timer) } }
+  }
+}
+
+/** The default period of the summary line, ms. */
+export const DEFAULT_SUMMARY_MS = 30_000
+
+/**
+ * Reply errors that say the server cannot run the scripts at all: EVALSHA,
+ * EVAL or SCRIPT renamed away (`rename-command`), refused to this user
+ * (an ACL without `@scripting`), or a server without a Lua engine (Valkey
+ * with its Lua module not loaded).
+ */
+const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPERM\b.*\b(?:evalsha|eval|script)\b|ERR Could not find scripting engine)/i
+
+/** True for an error that says the store cannot run the scripts. */
+export function scriptsRefused (cause: unknown): boolean {
+  return cause instanceof Error && NO_SCRIPTS.test(cause.message)
+}
+
+function zero (): FallbackCounts {
+  return { local: 0, 'fail-open': 0, 'fail-closed': 0 }
+}
+
+function total (counts: FallbackCounts): number {
+  return counts.local + counts['fail-open'] + counts['fail-closed']
+}
+
+/** What caused a store error, as Redis or the client said it. */
+function causeOf (err: StoreError): string {
+  return err.cause instanceof Error ? err.cause.message : err.message
+}
+
+export interface OutageOptions {
+  logger: Logger | undefined
+  clock: Clock
+  timers?: Timers | undefined
+  /** Period of the summary line, ms (default DEFAULT_SUMMARY_MS). */
+  summaryMs?: number | undefined
+  /** The store's address, for the failing and summary lines (never a password). */
+  target?: string | undefined
+}
+
+/** The log of the store's outages: see the top of this file. */
+export class OutageLog {
+  readonly #logger: Logger | undefined
+  readonly #clock: Clock
+  readonly #timers: Timers
+  readonly #summaryMs: number
+  readonly #target: Record<string, string>
+  /** Clock time at which the store started failing; undefined while healthy. */
+  #since: number | undefined
+  #outage = zero()
+  #period = zero()
+  #periodFrom = 0
+  #lastError: StoreError | undefined
+  /** Whether this outage has told that the scripts cannot run. */
+  #noScripts = false
+  #timer: { stop (): void } | undefined
+
+  constructor (options: OutageOptions) {
+    this.#logger = options.logger
+    this.#clock = options.clock
+    this.#timers = options.timers ?? nodeTimers
+    this.#summaryMs = options.summaryMs ?? DEFAULT_SUMMARY_MS
+    this.#target = options.target === undefined ? {} : { redis: options.target }
+  }
+
+  get failing (): boolean {
+    return this.#since !== undefined
+  }
+
+  /**
+   * A store failure. Returns true when it turned the store from healthy
+   * to failing. `message` replaces the failing line's own text.
+   */
+  failed (err: StoreError, message?: string): boolean {
+    this.#lastError = err
+    const noScripts = scriptsRefused(err.cause)
+    if (this.#since !== undefined) {
+      // Failing already (say, not connected yet), and now it is clear the
+      // scripts cannot run: that is worth its own line, once.
+      if (noScripts && !this.#noScripts) this.#tellNoScripts(err)
+      return false
+    }
+    this.#since = this.#clock()
+    this.#periodFrom = this.#since
+    if (noScripts) this.#tellNoScripts(err)
+    else this.#logger?.warn({ err, ...this.#target }, message ?? 'rate limit store failing; limits follow their failure modes')
+    this.#timer = this.#timers.every(this.#summaryMs, () => { this.#summarize() })
+    return true
+  }
+
+  /** Counts a decision made without the store while it fails. */
+  fellBack (source: Source): void {
+    if (this.#since === undefined) return
+    this.#outage[source]++
+    this.#period[source]++
+  }
+
+  /** The store answered: logs the recovery; returns the outage, or undefined when there was none. */
+  recovered (): { downMs: number, decisions: FallbackCounts } | undefined {
+    if (this.#since === undefined) return undefined
+    const downMs = this.#clock() - this.#since
+    const decisions = this.#outage
+    this.#stop()
+    this.#logger?.info({ downMs, decisions }, 'rate limit store recovered')
+    return { downMs, decisions }
+  }
+
+  /** Stops the summary timer (the limiter is closed). */
+  close (): void {
+    this.#timer?.stop()
+    this.#timer = undefined
+  }
+
+  #stop (): void {
+    this.close()
+    this.#since = undefined
+    this.#outage = zero()
+    this.#period = zero()
+    this.#lastError = undefined
+    this.#noScripts = false
+  }
+
+  #tellNoScripts (err: StoreError): void {
+    this.#noScripts = true
+    this.#logger?.error({ err, ...this.#target },
+      `rate limit store cannot run tollgate's scripts (${causeOf(err)}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
+  }
+
+  #summarize (): void {
+    const now = this.#clock()
+    const decisions = this.#period
+    const periodMs = now - this.#periodFrom
+    this.#period = zero()
+    this.#periodFrom = now
+    const count = total(decisions)
+    if (count === 0) return
+    const line = { err: this.#lastError, ...this.#target, downMs: now - (this.#since as number), periodMs, decisions }
+    const message = `rate limit store still failing: ${count} decision(s) made without it in the last ${Math.round(periodMs / 1000)} s; limits follow their failure modes`
+    if (this.#noScripts) this.#logger?.error(line, message)
+    else this.#logger?.warn(line, message)
+  }
+}
