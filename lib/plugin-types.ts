@@ -106,6 +106,14 @@ export interface TollgateOptions extends RoutePolicy {
   maxWaiters?: number | undefined
   /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */
   outageSummaryMs?: number | undefined
+  /**
+   * How a 503 of a limit with failureMode 'closed' is answered during an
+   * outage: 'send' (default), sent as a reply, so Fastify logs no error per
+   * request; 'throw', thrown as an UnavailableError through Fastify's error
+   * pipeline (the app's error handler answers it; Fastify's default one
+   * logs each at error level).
+   */
+  unavailable?: 'send' | 'throw' | undefined
 }
 
 /**

@@ -33,7 +33,7 @@ import { BadRequestInputError, RateLimitedError, UnavailableError } from './plug
 import {
   HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warnings
 } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, notReady, whenReady } from './request.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, notReady, whenReady, type Denial } from './request.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
@@ -63,7 +63,8 @@ const PLUGIN_CHECKS = {
   global: isBoolean,
   notFound: notFoundOption,
   warnings,
-  outageSummaryMs
+  outageSummaryMs,
+  unavailable: oneOf(['send', 'throw'])
 }
 
 type Hook = (typeof HOOKS)[number]
@@ -120,7 +121,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     badInput: (route, detail) => new BadRequestInputError(route, detail),
     settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
-  const check = checker(layer)
+  const check = checker(layer, options.unavailable === 'throw')
   // Charging by outcome: a request holding a reservation settles it once
   // the response is sent, in an onResponse hook of its route only (an
   // instance-wide onResponse hook would cost every request of the app its
@@ -260,8 +261,16 @@ function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void
   reply.header(name, value)
 }
 
-/** The check: once per request, the layer's decision, headers, then 429 or 503 as Fastify errors. */
-function checker (layer: RequestLayer<FastifyRequest>): Check {
+/**
+ * The check: once per request, the layer's decision, headers, then the 429
+ * as a Fastify error (the app's error handler may reshape it; Fastify's
+ * default one logs it at info level), and the 503 of an outage sent as a
+ * reply, unless `throwUnavailable`. Fastify's default error handler logs
+ * every error whose status is 500 or more at error level: thrown, each 503
+ * of an outage the limit handles as declared would be an error line. The
+ * reply is the body that handler would send, byte for byte.
+ */
+function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean): Check {
   return async function check (limit, request, reply) {
     if (request[kChecked] === true) return
     request[kChecked] = true
@@ -271,8 +280,14 @@ function checker (layer: RequestLayer<FastifyRequest>): Check {
     request.rateLimit = decision
     const denial = answer(decided.limit, decision, reply, setHeader)
     if (denial === undefined) return
-    throw denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
+    if (denial.statusCode === 429) throw new RateLimitedError(denial.retryAfter)
+    if (throwUnavailable) throw new UnavailableError(denial.retryAfter)
+    sendUnavailable(reply, denial)
   }
+}
+
+function sendUnavailable (reply: FastifyReply, denial: Denial): void {
+  reply.code(denial.statusCode).type('application/json; charset=utf-8').send(denialBody(denial))
 }
 
 /**
