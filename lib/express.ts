@@ -29,8 +29,8 @@ import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
-import { checkFields, isFunction, isRecord, outageSummaryMs, warnings } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, notReady, whenReady, type Denial } from './request.js'
+import { checkFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from './options.js'
+import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from './request.js'
 import { takeReservation } from './settle-route.js'
 import type { Tier } from './tiers.js'
 import {
@@ -151,8 +151,12 @@ export interface ExpressOptions extends ExpressPolicy {
   handler?: DeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
   logger?: Logger | undefined
-  /** Configuration warnings (default on): `proxy`, a forwarding header while Express trusts no proxy. */
-  warnings?: { proxy?: boolean | undefined } | false | undefined
+  /**
+   * Configuration warnings (default on): `proxy`, a forwarding header while
+   * Express trusts no proxy; `trustProxy`, a 'trust proxy' that trusts every
+   * address at every hop. `false` silences both.
+   */
+  warnings?: { proxy?: boolean | undefined, trustProxy?: boolean | undefined } | false | undefined
   /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */
   outageSummaryMs?: number | undefined
 }
@@ -211,7 +215,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   const log = options.logger ?? CONSOLE
   const core = adapterCore(options, log)
   const ready = start(core, options.redis, log)
-  const proxy = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(log)
+  const proxy = proxyWarnings(log, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
   const layer = new RequestLayer<Request>(core, options.ipv6Subnet ?? 56, {
     ip: (req) => req.ip,
     onAddress: proxy,
@@ -363,17 +367,33 @@ function badInput (message: string): Error {
 }
 
 /**
- * Without 'trust proxy', req.ip is the proxy's address: behind a proxy
- * every client would share one bucket. A forwarding header on a request of
- * an app that trusts no proxy is the sign. Warns once, then costs nothing.
+ * The proxy warnings, each once, then free; undefined when both are off.
+ *
+ * - `proxy`: without 'trust proxy', req.ip is the proxy's address: behind a
+ *   proxy every client would share one bucket. A forwarding header on a
+ *   request of an app that trusts no proxy is the sign.
+ * - `trustProxy`: a 'trust proxy' that trusts every address at every hop
+ *   (`true`) makes req.ip the leftmost X-Forwarded-For entry, which any
+ *   client writes: a client that rotates it gets a fresh bucket per
+ *   request. Express keeps the compiled setting as 'trust proxy fn'; it is
+ *   asked about a made-up chain (trustsEveryHop).
  */
-function proxyWarning (log: Logger): (req: Request) => void {
-  let armed = true
+function proxyWarnings (log: Logger, proxy: boolean, trustAll: boolean): ((req: Request) => void) | undefined {
+  if (!proxy && !trustAll) return undefined
+  let forwarding = proxy
+  let trusting = trustAll
   return (req) => {
-    if (!armed) return
+    if (trusting) {
+      trusting = false
+      const trust = req.app.get('trust proxy fn') as (address: string, hop: number) => boolean
+      if (trustsEveryHop(() => PROBE_HOPS.every((address, hop) => trust(address, hop)))) {
+        log.warn({ ip: req.ip }, `tollgate: Express's 'trust proxy' trusts every address at every hop (\`app.set('trust proxy', true)\`), so req.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies (\`app.set('trust proxy', 'loopback')\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`)
+      }
+    }
+    if (!forwarding) return
     const header = req.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : req.headers.forwarded !== undefined ? 'Forwarded' : undefined
     if (header === undefined || req.app.get('trust proxy') !== false) return
-    armed = false
+    forwarding = false
     log.warn({ header, ip: req.ip }, `tollgate: a request carries ${header} but Express does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Express's 'trust proxy', or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
   }
 }

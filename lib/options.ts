@@ -229,8 +229,13 @@ export function lockout (value: unknown, name: string): void {
 
 export function warnings (value: unknown, name: string): void {
   if (value === false) return
-  if (!isRecord(value)) throw optionError(name, value, 'false or an object { proxy }')
-  checkFields(value, { proxy: isBoolean }, name + '.')
+  if (!isRecord(value)) throw optionError(name, value, 'false or an object { proxy, trustProxy }')
+  checkFields(value, { proxy: isBoolean, trustProxy: isBoolean }, name + '.')
+}
+
+/** Whether a warning of the `warnings` option is on (all are, unless turned off). */
+export function warningOn (option: { proxy?: boolean | undefined, trustProxy?: boolean | undefined } | false | undefined, name: 'proxy' | 'trustProxy'): boolean {
+  return option !== false && option?.[name] !== false
 }
 
 /** Shortest and longest period of the outage summary line, ms: at most one line a second, at least one an hour. */

@@ -99,9 +99,10 @@ export interface TollgateOptions extends RoutePolicy {
   notFound?: boolean | RoutePolicy | readonly RoutePolicy[] | undefined
   /**
    * Configuration warnings (default all on): `proxy`, requests that came
-   * through a proxy Fastify does not trust. `false` silences every one.
+   * through a proxy Fastify does not trust; `trustProxy`, a `trustProxy`
+   * that trusts every address at every hop. `false` silences both.
    */
-  warnings?: { proxy?: boolean | undefined } | false | undefined
+  warnings?: { proxy?: boolean | undefined, trustProxy?: boolean | undefined } | false | undefined
   /** Most consumes waiting for reserved tokens at once in this process (default 1000); past it, calls do not wait. */
   maxWaiters?: number | undefined
   /** While the store fails, one summary line per this many ms at most (default 30000, from 1000 to 3600000). */

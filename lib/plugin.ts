@@ -31,9 +31,9 @@ import { optionError } from './errors.js'
 import type { HeaderValue } from './headers.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './plugin-errors.js'
 import {
-  HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warnings
+  HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
 } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, notReady, whenReady, type Denial } from './request.js'
+import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from './request.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
@@ -98,7 +98,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   } else if (!await whenReady(core, options.redis, START_WAIT_MS)) {
     notReady(core, options.redis, START_WAIT_MS)
   }
-  const onIp = options.warnings === false || options.warnings?.proxy === false ? undefined : proxyWarning(app)
+  const onIp = proxyWarnings(app, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
 
   const programmatic = programmaticPolicies(defaults)
   const decorator: TollgateDecorator = {
@@ -291,18 +291,34 @@ function sendUnavailable (reply: FastifyReply, denial: Denial): void {
 }
 
 /**
- * Without trustProxy, request.ip is the proxy's address: behind a proxy
- * every client would share one bucket. Fastify defines `request.ips` only
- * when it trusts proxies, so a forwarding header without it is the sign.
- * Warns once per plugin instance, then costs nothing.
+ * The proxy warnings, each once per plugin instance, then free; undefined
+ * when both are off.
+ *
+ * - `proxy`: without trustProxy, request.ip is the proxy's address: behind
+ *   a proxy every client would share one bucket. Fastify defines
+ *   `request.ips` only when it trusts proxies, so a forwarding header
+ *   without it is the sign.
+ * - `trustProxy`: a trustProxy that trusts every address at every hop
+ *   (`true`) makes request.ip the leftmost X-Forwarded-For entry, which any
+ *   client writes: a client that rotates it gets a fresh bucket per
+ *   request. Fastify does not expose the setting, so the first request's
+ *   `ips` getter is asked about a made-up chain (trustsEveryHop).
  */
-function proxyWarning (app: FastifyInstance): (request: FastifyRequest) => void {
-  let armed = true
+function proxyWarnings (app: FastifyInstance, proxy: boolean, trustAll: boolean): ((request: FastifyRequest) => void) | undefined {
+  if (!proxy && !trustAll) return undefined
+  let forwarding = proxy
+  let trusting = trustAll
   return (request) => {
-    if (!armed || request.ips !== undefined) return
+    if (trusting) {
+      trusting = false
+      if (trustsEveryHop((raw) => (Reflect.get(request, 'ips', { raw }) as string[] | undefined)?.length === PROBE_HOPS.length + 1)) {
+        app.log.warn({ ip: request.ip }, `tollgate: Fastify's \`trustProxy\` trusts every address at every hop (\`trustProxy: true\`), so request.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies' addresses (\`trustProxy: '127.0.0.1'\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`)
+      }
+    }
+    if (!forwarding || request.ips !== undefined) return
     const header = request.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : request.headers.forwarded !== undefined ? 'Forwarded' : undefined
     if (header === undefined) return
-    armed = false
+    forwarding = false
     app.log.warn({ header, ip: request.ip }, `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
   }
 }

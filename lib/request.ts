@@ -203,6 +203,34 @@ export async function whenReady (core: Core, redis: RedisClient, ms: number): Pr
 }
 
 /**
+ * A made-up address chain to ask a proxy trust setting about: the socket's
+ * address, then each hop's as X-Forwarded-For lists them from the nearest
+ * out. Documentation addresses (RFC 5737): no real proxy has one, so a
+ * setting that trusts all of them trusts any address at every hop.
+ */
+export const PROBE_HOPS: readonly string[] = ['203.0.113.250', ...Array.from({ length: 8 }, (_, i) => `198.51.100.${i + 1}`)]
+
+/** A request as a framework's proxy resolution reads it: the socket at PROBE_HOPS[0], the hops, then a client. */
+export const PROBE_REQUEST = {
+  socket: { remoteAddress: PROBE_HOPS[0] },
+  headers: { 'x-forwarded-for': ['192.0.2.1', ...PROBE_HOPS.slice(1).reverse()].join(', ') }
+}
+
+/**
+ * Whether a framework's proxy trust trusts every hop: `probe` asks it about
+ * PROBE_REQUEST and answers true when every hop of PROBE_HOPS is trusted.
+ * A probe that throws (a trust function of the app's that rejects made-up
+ * input) counts as no.
+ */
+export function trustsEveryHop (probe: (request: typeof PROBE_REQUEST) => boolean): boolean {
+  try {
+    return probe(PROBE_REQUEST)
+  } catch {
+    return false
+  }
+}
+
+/**
  * After a start-up wait that did not see the client ready: the store is
  * failing from the start (`limiter.state`, the metrics, the summaries while
  * it stays so), with one warning naming where the client connects.

@@ -79,7 +79,7 @@ t.test('the Forwarded header is noticed too; trustProxy, a key or warnings silen
   const err = await caught(async () => await Fastify().register(tollgate, { failureMode: 'open', warnings: { proxi: false } as never }))
   t.match(err.message, /unknown option `warnings\.proxi`; did you mean `warnings\.proxy`\?/)
   const notObject = await caught(async () => await Fastify().register(tollgate, { failureMode: 'open', warnings: 'off' as never }))
-  t.match(notObject.message, /`warnings` must be false or an object \{ proxy \}, got "off"/)
+  t.match(notObject.message, /`warnings` must be false or an object \{ proxy, trustProxy \}, got "off"/)
 })
 
 t.test('a Redis that is not ready at start-up: one warning after the bounded wait', async (t) => {

@@ -1,6 +1,9 @@
 // Fastify listening on a Unix socket: `request.ip` is undefined there. A
 // missing address is never a 500: every such request shares one client
-// identity, and one warning (logged once) says how to do better.
+// identity, and one warning (logged once) says how to do better. Behind a
+// proxy on the socket, the README's `trustProxy` (the socket's peer alone)
+// keys by the address the proxy saw; `trustProxy: true` would believe what
+// the client forges.
 
 import { mkdtempSync, rmSync } from 'node:fs'
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http'
@@ -73,15 +76,28 @@ t.test('requests without an address share one client identity, with one warning'
   t.equal(logs.lines.filter((l) => l.level === 50).length, 0, 'no error logged')
 })
 
-t.test('trustProxy: true behind a proxy on the socket keys by the forwarded address', async (t) => {
-  const { socketPath, logs, prefix, keys } = await listenOnSocket(t, {}, { trustProxy: true })
-  const from = (ip: string): Record<string, string> => ({ 'x-forwarded-for': ip })
-  t.equal((await get(socketPath, '/hello', from('203.0.113.7'))).status, 200)
-  t.equal((await get(socketPath, '/hello', from('203.0.113.7'))).status, 200)
-  t.equal((await get(socketPath, '/hello', from('203.0.113.7'))).status, 429)
-  t.equal((await get(socketPath, '/hello', from('203.0.113.8'))).status, 200, 'another client, its own bucket')
+/** The README's setting behind nginx on a Unix socket: trust the socket's peer, the one hop without an address, alone. */
+const socketPeer = (address: string | undefined, hop: number): boolean => address === undefined && hop === 0
+
+t.test('behind a proxy on the socket, trusting the socket peer alone keys by the address the proxy saw', async (t) => {
+  const { socketPath, logs, prefix, keys } = await listenOnSocket(t, {}, { trustProxy: socketPeer })
+  // nginx's `proxy_add_x_forwarded_for` appends the address it saw to what the client sent.
+  const from = (forged: string, seen: string): Record<string, string> => ({ 'x-forwarded-for': `${forged}, ${seen}` })
+  t.equal((await get(socketPath, '/hello', from('198.51.100.1', '203.0.113.7'))).status, 200)
+  t.equal((await get(socketPath, '/hello', from('198.51.100.2', '203.0.113.7'))).status, 200)
+  t.equal((await get(socketPath, '/hello', from('198.51.100.3', '203.0.113.7'))).status, 429, 'a forged entry buys no new bucket')
+  t.equal((await get(socketPath, '/hello', { 'x-forwarded-for': '203.0.113.8' })).status, 200, 'another client, its own bucket')
   t.same(await keys(), [`${prefix}:{203.0.113.7}:GET /hello`, `${prefix}:{203.0.113.8}:GET /hello`])
   t.same(logs.find('no client address'), [], 'no warning: every request had an address')
+  t.same(logs.find('trusts every address'), [])
+})
+
+t.test('trustProxy: true on the socket trusts what the client forges, and one warning says so', async (t) => {
+  const { socketPath, logs } = await listenOnSocket(t, {}, { trustProxy: true })
+  const statuses: number[] = []
+  for (let i = 1; i <= 5; i++) statuses.push((await get(socketPath, '/hello', { 'x-forwarded-for': `198.51.100.${i}, 203.0.113.7` })).status)
+  t.same(statuses, [200, 200, 200, 200, 200], 'a fresh bucket per forged entry')
+  t.equal(logs.find('trusts every address at every hop').length, 1)
 })
 
 t.test('a key function on the socket: no address needed, no warning', async (t) => {
