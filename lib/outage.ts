@@ -19,7 +19,7 @@
 // The period's timer and the clock are injected (tests drive them by hand);
 // the real timer is unref'd, so an outage never keeps a process alive.
 
-import { StoreError } from './errors.js'
+import type { StoreError } from './errors.js'
 import type { Clock } from './deadline.js'
 import type { FallbackCounts, Logger } from './types.js'
 
@@ -64,10 +64,6 @@ function total (counts: FallbackCounts): number {
   return counts.local + counts['fail-open'] + counts['fail-closed']
 }
 
-/** What caused a store error, as Redis or the client said it. */
-function causeOf (err: StoreError): string {
-  return err.cause instanceof Error ? err.cause.message : err.message
-}
 
 export interface OutageOptions {
   logger: Logger | undefined
@@ -161,10 +157,11 @@ export class OutageLog {
     this.#noScripts = false
   }
 
+  /** `err` is one whose cause scriptsRefused: Redis's reply, an Error. */
   #tellNoScripts (err: StoreError): void {
     this.#noScripts = true
     this.#logger?.error({ err, ...this.#target },
-      `rate limit store cannot run tollgate's scripts (${causeOf(err)}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
+      `rate limit store cannot run tollgate's scripts (${(err.cause as Error).message}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
   }
 
   #summarize (): void {

@@ -15,8 +15,9 @@ import Fastify from 'fastify'
 import { Redis, type RedisOptions } from 'ioredis'
 import t, { type Test } from 'tap'
 import tollgate from '../lib/index.js'
+import { RedisStore } from '../lib/redis-store.js'
 import { captureLogs, uniquePrefix } from './helpers/app.js'
-import { redisCommand, startRedisServer } from './helpers/redis.js'
+import { redisCommand, redisUrl, startRedisServer } from './helpers/redis.js'
 
 const REQUESTS = 30
 
@@ -111,4 +112,16 @@ t.test('scripting refused after start-up: one error line when it starts, then th
     [50, "rate limit store cannot run tollgate's scripts (…): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can"]
   ], `one line for ${REQUESTS} requests`)
   t.equal(states[0], 'open', 'the breaker opens')
+})
+
+t.test('a warm-up peek that fails for another reason is left to the failure modes', async (t) => {
+  const redis = new Redis(await redisUrl(t))
+  t.teardown(() => redis.quit())
+  const key = `${uniquePrefix()}:warm`
+  await redis.hset(key, 'not', 'a bucket')
+  t.teardown(() => redis.del(key))
+  t.equal(await new RedisStore(redis).warm(key), undefined, 'WRONGTYPE: Redis runs the scripts')
+  const { url } = await server(t, ['--rename-command', 'EVALSHA', ''])
+  const refused = await new RedisStore(client(t, url)).warm(key)
+  t.match(refused, { code: 'TOLLGATE_STORE_ERROR', message: /^store call failed: ERR unknown command 'evalsha'/ })
 })
