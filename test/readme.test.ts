@@ -183,12 +183,11 @@ function asShown (stdout: string, cut: readonly string[]): string[] {
 
 const sh = promisify(execFile)
 
-/** Starts an example on a free port (in process without `redis`), waits until it answers, and returns its port and how to stop it. */
-async function startExample (file: string, redis: string | undefined): Promise<{ port: number, stop: () => Promise<void> }> {
+/** Starts an example on a free port, on the in-process store, waits until it answers, and returns its port and how to stop it. */
+async function startExample (file: string): Promise<{ port: number, stop: () => Promise<void> }> {
   const port = await freePort()
   const env: NodeJS.ProcessEnv = { ...process.env, PORT: String(port) }
   delete env.REDIS_URL
-  if (redis !== undefined) env.REDIS_URL = redis
   const child = spawn(process.execPath, [join(ROOT, file)], { cwd: ROOT, env, stdio: 'ignore' })
   const exited = new Promise<void>((resolve) => child.once('exit', () => { resolve() }))
   const stop = async (): Promise<void> => {
@@ -209,30 +208,31 @@ async function startExample (file: string, redis: string | undefined): Promise<{
 
 // The session's numbers hold while the six requests before its `sleep 3`
 // take under 1 s together (curl takes milliseconds; only a machine over a
-// hundred times slower fails it), as the README says.
-const SESSIONS: Array<[string, string, 'redis' | 'in-process']> = [
-  ['## A curl session', 'examples/app.js', 'in-process'],
-  ['## A curl session', 'examples/app.js', 'redis'],
-  ['### A curl session (Express)', 'examples/express.js', 'redis']
+// hundred times slower fails it), as the README says. The examples run on
+// the in-process store: on Redis, a reply later than their 10 ms deadline
+// (a loaded machine) is decided by their local fallback, whose smaller
+// bucket then shows in the headers. That is the failure mode at work, not
+// the README's output; the in-process store decides as the script does
+// (test/model.test.ts holds them to one model).
+const SESSIONS: Array<[string, string]> = [
+  ['## A curl session', 'examples/app.js'],
+  ['### A curl session (Express)', 'examples/express.js']
 ]
 
 t.test('the curl sessions print what the README shows', async (t) => {
-  for (const [heading, file, store] of SESSIONS) {
+  for (const [heading, file] of SESSIONS) {
     const session = curlSession(heading)
     t.ok(session.commands.length >= 5 && session.cut.length >= 3, `${heading}: ${session.commands.length} commands, cutting ${session.cut.join(', ')}`)
     if (session.pasted !== undefined) t.same(session.pasted, session.commands, `${heading}: the block to paste is the session's`)
     t.ok(session.commands.every((c) => !c.startsWith('curl') || c.startsWith('curl -s')), `${heading}: curl runs with -s`)
-    // A private Redis: the session starts on full buckets.
-    const server = store === 'redis' ? await startRedisServer() : undefined
-    const example = await startExample(file, server?.url)
+    const example = await startExample(file)
     try {
       for (const [i, command] of session.commands.entries()) {
         const { stdout } = await sh('bash', ['-c', command.replaceAll('127.0.0.1:3000', `127.0.0.1:${example.port}`)])
-        t.same(asShown(stdout, session.cut), session.printed[i], `${heading}, ${file} on ${store}: $ ${command}`)
+        t.same(asShown(stdout, session.cut), session.printed[i], `${heading}, ${file}: $ ${command}`)
       }
     } finally {
       await example.stop()
-      await server?.stop()
     }
   }
 })
