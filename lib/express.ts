@@ -190,7 +190,7 @@ declare global {
   }
 }
 
-const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()' }
+const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()', adapter: 'express' }
 
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings, outageSummaryMs }
 
@@ -209,7 +209,7 @@ function logArgs (obj: object, msg: string): unknown[] {
 export function rateLimit (options: ExpressOptions): RateLimit {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, OPTION_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
+  checkFields(input, OPTION_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'express')
   const defaults = pick(options, Object.keys(POLICY_CHECKS))
   checkDefaults(defaults, '')
   const log = options.logger ?? CONSOLE
@@ -257,7 +257,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   }
 
   const limit = (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler => middleware(compile(policy))
-  const programmatic = programmaticPolicies(defaults)
+  const programmatic = programmaticPolicies(defaults, 'express')
   const { limiter } = core
   return Object.assign(limit, {
     consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),

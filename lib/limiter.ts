@@ -6,6 +6,7 @@ import { Guard } from './guard.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
+import type { Adapter } from './migrating.js'
 import { Metrics } from './metrics.js'
 import {
   DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, MAX_WINDOW_US, breaker, checkFields, deadlineMs, denialCache, lease, isBoolean,
@@ -77,10 +78,10 @@ const POLICY_CHECKS = {
   maxWaitMs
 }
 
-/** Checks a core policy; throws a TypeError naming the field. */
-export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy is Policy {
+/** Checks a core policy; throws a TypeError naming the field (`adapter`: whose users wrote it, for the hints of other libraries' names). */
+export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapter = 'core'): asserts policy is Policy {
   if (!isRecord(policy)) throw optionError(where.slice(0, -1), policy, 'a policy object')
-  checkFields(policy, POLICY_CHECKS, where)
+  checkFields(policy, POLICY_CHECKS, where, {}, adapter)
   for (const name of ['bucket', 'capacity', 'refillPerSecond', 'failureMode'] as const) {
     if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
   }
@@ -162,7 +163,7 @@ export function createLimiter (options: LimiterOptions = {}): Limiter {
 export function createCore (options: LimiterOptions = {}): Core {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, LIMITER_CHECKS, '')
+  checkFields(input, LIMITER_CHECKS, '', {}, 'core')
   const prefix = options.prefix ?? DEFAULT_PREFIX
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
   const memory = new MemoryStore()

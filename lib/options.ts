@@ -1,4 +1,5 @@
 import { describe, optionError } from './errors.js'
+import { headersValueHint, limitValueHint, migrationHint, type Adapter } from './migrating.js'
 import type { BreakerOptions, FailureMode, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
@@ -81,6 +82,24 @@ export function isFunction (value: unknown, name: string): void {
   if (typeof value !== 'function') throw optionError(name, value, 'a function')
 }
 
+/** A coded option error with a hint after the value. */
+function hinted (name: string, value: unknown, expected: string, hint: string | undefined): TypeError {
+  const err = optionError(name, value, expected)
+  return hint === undefined ? err : codedTypeError(`${err.message}: ${hint}`)
+}
+
+/** `limit`: the plan function; a number is express-rate-limit's `limit`, and is told so. */
+export function planFunction (value: unknown, name: string): void {
+  if (typeof value !== 'function') throw hinted(name, value, 'a function (request) => { capacity, refillPerSecond } or false, the plan of each request', limitValueHint(value))
+}
+
+/** `headers`: one of the modes; express-rate-limit's values are told their equivalent. */
+export function headerMode (value: unknown, name: string): void {
+  if (!(HEADER_MODES as readonly unknown[]).includes(value)) {
+    throw hinted(name, value, `one of ${HEADER_MODES.map((v) => describe(v)).join(', ')}`, headersValueHint(value))
+  }
+}
+
 export function isBoolean (value: unknown, name: string): void {
   if (typeof value !== 'boolean') throw optionError(name, value, 'true or false')
 }
@@ -112,38 +131,10 @@ export function cost (value: unknown, name: string): void {
   positiveNumber(value, name)
 }
 
-/**
- * Options of @fastify/rate-limit, the likeliest unknown names: what to use
- * instead (the README's "Migrating from @fastify/rate-limit" has the table).
- */
-const MIGRATION: Readonly<Record<string, string>> = {
-  max: '`capacity` (the burst) and `refillPerSecond` (max / seconds of the window)',
-  timeWindow: '`refillPerSecond` (max / seconds of the window)',
-  keyGenerator: '`key`',
-  allowList: '`allow`, a function (request) => boolean',
-  skipOnError: "`failureMode` ('open', 'closed' or 'local')",
-  nameSpace: '`prefix`',
-  groupId: '`bucket`',
-  addHeaders: '`headers`',
-  addHeadersOnExceeding: '`headers`',
-  enableDraftSpec: "`headers: 'draft-6'` or `'draft-10'`",
-  errorResponseBuilder: "Fastify's setErrorHandler (the error's code is TOLLGATE_RATE_LIMITED)",
-  store: '`redis`, or nothing for the in-process store',
-  cache: 'nothing (tollgate caps its in-process maps itself)',
-  continueExceeding: 'nothing (a denied request spends no token)',
-  ban: 'nothing',
-  onBanReach: 'nothing',
-  onExceeding: "the 'tollgate:decision' diagnostics channel",
-  onExceeded: "the 'tollgate:decision' diagnostics channel",
-  exponentialBackoff: 'nothing'
-}
-
-function unknownOption (name: string, known: readonly string[], where: string): TypeError {
-  const migration = MIGRATION[name]
+function unknownOption (name: string, value: unknown, known: readonly string[], where: string, adapter: Adapter | undefined): TypeError {
+  const migration = adapter === undefined ? undefined : migrationHint(name, value, adapter, known)
   const hint = migration === undefined ? closest(name, known) : undefined
-  const advice = migration !== undefined
-    ? `: that is an option of @fastify/rate-limit; use ${migration} (see "Migrating from @fastify/rate-limit" in tollgate's README)`
-    : hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`
+  const advice = migration !== undefined ? `: ${migration}` : hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`
   return codedTypeError(`tollgate: unknown option \`${where}${name}\`${advice}`)
 }
 
@@ -163,14 +154,17 @@ function optionErrors (err: unknown): TypeError[] {
  * Checks an object's known fields with their checks, and that the `required`
  * ones are set (each with what is expected). Every problem is reported at
  * once: one error as it is, several as one TypeError listing them all (its
- * `errors` holds each). Unknown names are errors with a hint.
+ * `errors` holds each). Unknown names are errors with a hint: with
+ * `adapter` (an adapter's or a policy's own names, not nested ones), the
+ * replacement of another rate limiter's option (lib/migrating.ts), else the
+ * closest valid name.
  */
-export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string, required: Record<string, string> = {}): void {
+export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string, required: Record<string, string> = {}, adapter?: Adapter): void {
   const errors: TypeError[] = []
   for (const name of Object.keys(input)) {
-    const check = checks[name]
+    const check = Object.hasOwn(checks, name) ? checks[name] : undefined
     try {
-      if (check === undefined) throw unknownOption(name, Object.keys(checks), where)
+      if (check === undefined) throw unknownOption(name, input[name], Object.keys(checks), where, adapter)
       const value = input[name]
       if (value !== undefined) check(value, where + name)
     } catch (err) {

@@ -54,7 +54,8 @@ const NOT_FOUND = '404'
 const FASTIFY: Dialect = {
   checks: { ...POLICY_CHECKS, hook: oneOf(HOOKS) },
   wide: [...ROUTE_WIDE, 'hook'],
-  hint: BASE_DIALECT.hint
+  hint: BASE_DIALECT.hint,
+  adapter: 'fastify'
 }
 
 const PLUGIN_CHECKS = {
@@ -85,7 +86,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   if (app.hasDecorator('tollgate')) throw alreadyRegistered()
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" })
+  checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'fastify')
   const defaults = pick(options, Object.keys(FASTIFY.checks))
   checkDefaults(defaults, '')
 
@@ -100,7 +101,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   }
   const onIp = proxyWarnings(app, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
 
-  const programmatic = programmaticPolicies(defaults)
+  const programmatic = programmaticPolicies(defaults, 'fastify')
   const decorator: TollgateDecorator = {
     consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),

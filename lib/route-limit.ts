@@ -14,9 +14,10 @@ import { optionError } from './errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { checkPolicies, checkPolicy, createCore, type Core } from './limiter.js'
 import {
-  DEFAULT_PREFIX, FAILURE_MODES, HEADER_MODES, breaker, checkFields, cost, denialCache, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient
+  DEFAULT_PREFIX, FAILURE_MODES, breaker, checkFields, cost, denialCache, headerMode, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
+  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, planFunction, positiveInteger, positiveNumber, redisClient
 } from './options.js'
+import type { Adapter } from './migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
 import type { LimiterOptions, Logger, Policy } from './types.js'
@@ -33,10 +34,10 @@ export const POLICY_CHECKS: Record<string, Check> = {
   key: isFunction,
   bucket: nonEmptyString,
   timeout: positiveNumber,
-  headers: oneOf(HEADER_MODES),
+  headers: headerMode,
   allow: isFunction,
   lease,
-  limit: isFunction,
+  limit: planFunction,
   settle: isFunction,
   shadow: isBoolean,
   lockout,
@@ -76,6 +77,15 @@ export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow', 'settle
 /** Settings that only a route has, refused in a programmatic policy. */
 const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow', 'settle']
 
+/**
+ * The names a programmatic policy may have: a route's policy but for its
+ * route settings and its plans (`limit`). Checked before the merge, which
+ * keeps known fields only and would drop a misspelt one unseen.
+ */
+const PROGRAMMATIC_CHECKS: Record<string, Check> = Object.fromEntries(
+  Object.entries(POLICY_CHECKS).filter(([name]) => !ROUTE_ONLY.includes(name) && name !== 'limit')
+)
+
 /** What an adapter adds to a route's settings (Fastify: `hook`). */
 export interface Dialect {
   /** Checks of every option a route may set. */
@@ -84,9 +94,11 @@ export interface Dialect {
   wide: readonly string[]
   /** Where a missing capacity or rate can be set, for the error message. */
   hint: string
+  /** Whose users write the route's policies, for the hints of other libraries' names (lib/migrating.ts). */
+  adapter: Adapter
 }
 
-export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it on the plugin or the route' }
+export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it on the plugin or the route', adapter: 'fastify' }
 
 /** A function of the request, as the app wrote it; its result is checked per request. */
 export type RequestFn<Req, T> = (request: Req) => T | Promise<T>
@@ -129,12 +141,12 @@ export function compileRoute<Req> (
     const entry = list[i]
     const at = list.length === 1 ? where : `${listWhere}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
-    checkFields(entry, dialect.checks, at)
+    checkFields(entry, dialect.checks, at, {}, dialect.adapter)
     if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
     const base = (defaults.bucket as string | undefined) ?? name
     const merged: Defaults = { ...defaults, ...entry }
     if (list.length > 1) delete merged.lease
-    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint)
+    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
     const spend = entry.cost ?? defaults.cost
@@ -172,8 +184,8 @@ export function routeWide (config: unknown, defaults: Defaults, field: string): 
   return defaults[field]
 }
 
-/** A merged route or programmatic policy as the core's Policy; names the missing field. */
-export function toPolicy (merged: Defaults, bucket: string, where: string, hint = BASE_DIALECT.hint): Policy {
+/** A merged route or programmatic policy as the core's Policy; names the missing field (`adapter`: whose names a foreign one is read as). */
+export function toPolicy (merged: Defaults, bucket: string, where: string, hint = BASE_DIALECT.hint, adapter: Adapter = BASE_DIALECT.adapter): Policy {
   for (const name of ['capacity', 'refillPerSecond'] as const) {
     if (merged[name] === undefined) throw optionError(where + name, undefined, `a finite number > 0 (${hint})`)
   }
@@ -190,7 +202,7 @@ export function toPolicy (merged: Defaults, bucket: string, where: string, hint 
   if (merged.shadow !== undefined) policy.shadow = merged.shadow as boolean
   if (merged.lockout !== undefined) policy.lockout = merged.lockout as Policy['lockout']
   if (merged.maxWaitMs !== undefined) policy.maxWaitMs = merged.maxWaitMs as number
-  checkPolicy(policy, where)
+  checkPolicy(policy, where, adapter)
   return policy
 }
 
@@ -233,9 +245,10 @@ export interface NamedPolicy {
 
 /**
  * The programmatic API's policies: each merged over `defaults` once (kept
- * per policy object), rejecting the settings that only a route has.
+ * per policy object), rejecting the settings that only a route has; other
+ * libraries' names are read as `adapter`'s users would mean them.
  */
-export function programmaticPolicies (defaults: Defaults): (policy: NamedPolicy) => Policy {
+export function programmaticPolicies (defaults: Defaults, adapter: Adapter): (policy: NamedPolicy) => Policy {
   const merged = new WeakMap<object, Policy>()
   return function programmatic (policy) {
     let core = merged.get(policy)
@@ -245,7 +258,8 @@ export function programmaticPolicies (defaults: Defaults): (policy: NamedPolicy)
       for (const name of ROUTE_ONLY) {
         if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
       }
-      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.')
+      checkFields(policy, PROGRAMMATIC_CHECKS, 'policy.', {}, adapter)
+      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
       merged.set(policy, core)
     }
     return core

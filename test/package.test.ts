@@ -9,7 +9,11 @@
 // - with ioredis removed, the published types still compile;
 // - CommonJS `require('tollgate')` and `require('tollgate/express')` work,
 //   and the plugin and the Express middleware each decide a request on a
-//   real Redis through the installed ioredis (with express@5 installed).
+//   real Redis through the installed ioredis (with express@5 installed);
+// - on each current Node LTS line (22 and 24, whatever Node runs this test:
+//   their binaries come from the npm registry's `node` package, through
+//   npx), a fresh project installs the tarball with no warning at all (no
+//   EBADENGINE, no peer warning) and each adapter decides a request.
 // It needs the npm registry the first time; later runs install from the npm
 // cache (--prefer-offline). Timings of both are in the README's test section.
 
@@ -17,7 +21,7 @@ import { execFile } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { cp, mkdir, mkdtemp, readFile, rename, rm, symlink, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { delimiter, dirname, join } from 'node:path'
 import { promisify } from 'node:util'
 import t from 'tap'
 import ts from 'typescript'
@@ -104,6 +108,10 @@ const client: RedisClient | undefined = undefined
 export { decision, client }
 `
 
+// The smokes prove a decision made by Redis through the installed ioredis:
+// their deadline is one a loaded machine does not miss (the default 10 ms
+// is, at times, and the limit then fails closed with a 503).
+
 /** Runs the packed plugin with the installed ioredis against a real Redis. */
 const SMOKE = `import Fastify from 'fastify'
 import { Redis } from 'ioredis'
@@ -111,7 +119,7 @@ import tollgate from 'tollgate'
 
 const redis = new Redis(process.env.REDIS_URL)
 const app = Fastify()
-await app.register(tollgate, { redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed' })
+await app.register(tollgate, { redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 2000 })
 app.get('/', async (request) => request.rateLimit)
 const first = await app.inject('/')
 const second = await app.inject('/')
@@ -135,7 +143,7 @@ import { Redis } from 'ioredis'
 import { rateLimit } from 'tollgate/express'
 
 const redis = new Redis(process.env.REDIS_URL)
-const limit = rateLimit({ redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed' })
+const limit = rateLimit({ redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 2000 })
 const app = express()
 app.get('/', limit(), (req, res) => { res.json(req.rateLimit) })
 const server = app.listen(0, '127.0.0.1', async () => {
@@ -148,6 +156,18 @@ const server = app.listen(0, '127.0.0.1', async () => {
   await redis.quit()
 })
 `
+/** The Node LTS lines supported and tested (package.json `engines`, the README's "Requirements"). */
+const LTS = ['22', '24']
+
+/**
+ * The binary of the newest Node `major`.x: the npm registry's `node`
+ * package, which npx installs into its cache (node_modules/node/bin/node).
+ */
+async function nodeBinary (major: string, cwd: string): Promise<string> {
+  const env = { ...process.env, npm_config_prefer_offline: 'true' }
+  return (await run('npx', ['-y', `node@${major}`, '-p', 'process.execPath'], { cwd, env })).stdout.trim()
+}
+
 /** The README's metrics example uses these; the versions of the repo's devDependencies. */
 const METRICS_PACKAGES = await (async () => {
   const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
@@ -178,7 +198,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^20', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^22', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -276,4 +296,32 @@ t.test('require() from CommonJS, and a request decided on Redis through the inst
   await writeFile(join(project.dir, 'express-smoke.mjs'), EXPRESS_SMOKE)
   const viaExpress = await run('node', ['express-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-express` } })
   t.same(JSON.parse(viaExpress.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/express')
+})
+
+t.test('on Node 22 and 24: a fresh project installs the tarball with no warning, and each adapter decides a request', async (t) => {
+  const url = await redisUrl(t)
+  for (const major of LTS) {
+    const node = await nodeBinary(major, base)
+    t.match((await run(node, ['-p', 'process.version'])).stdout, new RegExp(`^v${major}\\.`), `a Node ${major} binary: ${node}`)
+    const dir = join(base, `node${major}`)
+    await mkdir(dir)
+    await writeFile(join(dir, 'package.json'), JSON.stringify({
+      name: `node${major}`,
+      private: true,
+      type: 'module',
+      dependencies: { tollgate: `file:${project.tarball}`, fastify: '^5', express: '^5', ioredis: `^${project.newest}` }
+    }, null, 2))
+    // npm runs on the first `node` of PATH: this one, so its engine checks are that Node's.
+    const env = { ...process.env, PATH: `${dirname(node)}${delimiter}${process.env.PATH ?? ''}`, REDIS_URL: url }
+    const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, env, maxBuffer: 16 << 20 })
+    const log = install.stdout + install.stderr
+    t.notMatch(log, /warn|EBADENGINE|ERESOLVE|peer/i, `Node ${major}: npm install prints no warning`, { log })
+    await writeFile(join(dir, 'smoke.mjs'), SMOKE)
+    await writeFile(join(dir, 'express-smoke.mjs'), EXPRESS_SMOKE)
+    const prefix = `package-node${major}-${process.pid}-${Date.now()}`
+    const fastify = await run(node, ['smoke.mjs'], { cwd: dir, env: { ...env, PREFIX: prefix } })
+    t.same(JSON.parse(fastify.stdout), { first: 200, source: 'store', second: 429 }, `Node ${major}: the Fastify plugin`)
+    const express = await run(node, ['express-smoke.mjs'], { cwd: dir, env: { ...env, PREFIX: `${prefix}-express` } })
+    t.same(JSON.parse(express.stdout), { first: 200, source: 'store', second: 429 }, `Node ${major}: tollgate/express`)
+  }
 })
