@@ -3,23 +3,11 @@
 // options, Redis keys, headers and bodies.
 //
 // Buckets. Inside a route, a middleware's bucket is `<METHOD> <mount path +
-// route pattern>` (`GET /users/:id`), read from `req.baseUrl` and
-// `req.route.path` on the request, since a middleware does not know where
-// it will be mounted; the limit of each name is compiled on its first
-// request and kept. `req.baseUrl` is the mounted path as matched: a router
-// mounted on a path with parameters (`/orgs/:org`) shows their values, so
-// that such a middleware would make one bucket per value; after
-// MAX_NAMES names it refuses (a 500 asking for a `bucket`) rather than let
-// clients create buckets at will. Outside a route (`app.use`, `router.use`)
-// there is no pattern: the policy must name its `bucket`, and a policy that
-// names one is compiled once, when `limit()` is called.
-//
-// One bucket, one policy: every policy a `rateLimit()` instance compiles is
-// registered by bucket name, and a second policy with the same bucket but
-// another capacity or rate is refused, at `limit()` time when the bucket is
-// named there, else on the first request (a 500 naming both). Two
-// instances, or a Fastify server, naming the same bucket are not seen: the
-// bucket then follows whichever capacity each call sends, as in Fastify.
+// route pattern>` (`GET /users/:id`) as declared, never as the URL spells
+// it; outside a route the policy names its `bucket`; a bucket has one
+// policy per `rateLimit()` instance. lib/express-limits.ts compiles and
+// registers the limits, lib/express-routes.ts finds where a route is
+// declared.
 //
 // Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
 // registration (for the client to be ready and the scripts loaded, bounded)
@@ -27,21 +15,20 @@
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
+import { MAX_NAMES, badInput, registry } from './express-limits.js'
+import { RoutePatterns } from './express-routes.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
 import { checkFields, isFunction, isRecord, warnings } from './options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
 import { takeReservation } from './settle-route.js'
 import type { Tier } from './tiers.js'
-import {
-  POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
-  type Defaults, type Dialect, type RouteLimit
-} from './route-limit.js'
+import { POLICY_CHECKS, STORE_CHECKS, adapterCore, checkDefaults, pick, programmaticPolicies, type RouteLimit } from './route-limit.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
 
+export { MAX_NAMES }
+
 const START_WAIT_MS = 2000
-/** Distinct route names one middleware compiles before it refuses (see the top of this file). */
-export const MAX_NAMES = 1000
 
 /**
  * A `cost` function. The functions of a policy are declared as methods, so
@@ -184,8 +171,6 @@ declare global {
   }
 }
 
-const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()' }
-
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings }
 
 /** The default logger: the message, then what it is about, if anything. */
@@ -217,7 +202,10 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
     settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
-  const compile = registry(defaults)
+  const patterns = new RoutePatterns((pattern) => {
+    log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
+  })
+  const { compile } = registry(defaults, patterns)
   const deny = denier(options.handler)
 
   let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
@@ -272,62 +260,6 @@ async function start (core: Core, redis: RedisClient | undefined, log: Logger): 
   }
 }
 
-/**
- * `limit(policy)` for one `rateLimit()` instance: checks the policy at once,
- * and returns how a request finds its compiled limit. Every compiled policy
- * is registered by bucket (see the top of this file).
- */
-function registry (defaults: Defaults): (config: unknown) => (req: Request) => RouteLimit<Request> {
-  const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
-  function register (limit: RouteLimit<Request>): RouteLimit<Request> {
-    for (const p of limit.policies) {
-      const seen = buckets.get(p.bucket)
-      if (seen === undefined) buckets.set(p.bucket, { capacity: p.capacity, refillPerSecond: p.refillPerSecond, where: limit.name })
-      else if (seen.capacity !== p.capacity || seen.refillPerSecond !== p.refillPerSecond) {
-        throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
-      }
-    }
-    return limit
-  }
-  return (config) => {
-    if (config !== undefined && !isRecord(config) && !Array.isArray(config)) throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing')
-    const named = namedBucket(config, defaults)
-    if (named !== undefined) {
-      const limit = register(compileRoute(named, config, defaults, EXPRESS, 'limit(): ', 'limit()'))
-      return () => limit
-    }
-    // Checked now, under a stand-in name, so that a mistake fails at start-up.
-    compileRoute('limit()', config, defaults, EXPRESS, 'limit(): ', 'limit()')
-    const byName = new Map<string, RouteLimit<Request>>()
-    return (req) => {
-      const name = nameOf(req)
-      let limit = byName.get(name)
-      if (limit === undefined) {
-        if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() has made ${MAX_NAMES} bucket names already (a router mounted on a path with parameters makes one per value): give it a \`bucket\``)
-        limit = register(compileRoute(name, config, defaults, EXPRESS, `limit() of ${name}: `))
-        byName.set(name, limit)
-      }
-      return limit
-    }
-  }
-}
-
-/** The bucket a policy names for itself (the first policy's, or the options'), if any. */
-function namedBucket (config: unknown, defaults: Defaults): string | undefined {
-  const first: unknown = Array.isArray(config) ? config[0] : config
-  return (isRecord(first) ? first.bucket as string | undefined : undefined) ?? defaults.bucket as string | undefined
-}
-
-/** `GET /users/:id`: the request's method (HEAD as GET) and its mount path and route pattern. */
-function nameOf (req: Request): string {
-  const route = (req as { route?: { path?: unknown } }).route
-  if (route === undefined) {
-    throw badInput('Rate limit outside a route (app.use, router.use) has no route pattern to name its bucket: give the policy a `bucket`')
-  }
-  const path = Array.isArray(route.path) ? route.path.map(String).join(',') : String(route.path)
-  return routeName(req.method, req.baseUrl + path)
-}
-
 function setHeader (res: Response, name: string, value: HeaderValue): void {
   res.setHeader(name, value)
 }
@@ -347,17 +279,6 @@ function denier (handler: DeniedHandler | undefined) {
     res.setHeader('content-type', 'application/json; charset=utf-8')
     res.end(denialBody(denial))
   }
-}
-
-/** A 500 for Express's error handler: a `key` or `cost` that failed, a bucket that cannot be named. */
-function badInput (message: string): Error {
-  const err = new Error(message)
-  Object.defineProperties(err, {
-    code: { value: 'TOLLGATE_BAD_INPUT', enumerable: true },
-    status: { value: 500, enumerable: true },
-    statusCode: { value: 500, enumerable: true }
-  })
-  return err
 }
 
 /**

@@ -5,7 +5,8 @@
 // nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
 // start-up wait and the programmatic API. Failures of the store are in
 // test/express-failures.test.ts; the byte-for-byte comparison with the
-// Fastify plugin in test/express-parity.test.ts.
+// Fastify plugin in test/express-parity.test.ts; bucket names against
+// spellings of the URL in test/express-routes.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -14,7 +15,7 @@ import express5, { type ErrorRequestHandler, type RequestHandler } from 'express
 import express4 from 'express4'
 import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
-import { MAX_NAMES, RateLimitError, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
+import { RateLimitError, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
 import { keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { listen, memoryLogger, type Answer } from './helpers/express.js'
 import { redisUrl } from './helpers/redis.js'
@@ -93,25 +94,6 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       ])
       const a = await get('/users/6')
       t.equal(a.headers['ratelimit-remaining'], '96', 'GET /users/1, /2, /5 (HEAD), /6: one bucket')
-    })
-
-    t.test('a router mounted on a path with parameters: bounded, then a 500 asking for a bucket', async (t) => {
-      const limit = rateLimit({ capacity: 10_000, refillPerSecond: 1, failureMode: 'open', logger: memoryLogger() })
-      t.teardown(() => limit.close())
-      const app = express()
-      const router = express.Router()
-      router.get('/x', limit(), ok)
-      app.use('/orgs/:org', router)
-      app.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
-      const get = await listen(t, app)
-      for (let i = 0; i < MAX_NAMES; i++) {
-        const a = await get(`/orgs/${i}/x`)
-        if (a.status !== 200) t.fail(`org ${i}: ${a.status}`)
-      }
-      const a = await get('/orgs/next/x')
-      t.equal(a.status, 500)
-      t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: /made 1000 bucket names already.*give it a `bucket`/ })
-      t.equal((await get('/orgs/0/x')).status, 200, 'names already made still work')
     })
 
     t.test('app-level middleware: the named bucket, shared by every route; without a name, a 500', async (t) => {
