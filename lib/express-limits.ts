@@ -13,7 +13,9 @@
 // Node's HTTP parser knows), and past MAX_NAMES, a declaration's matter, it
 // refuses (a 500 asking for a `bucket`). Outside a route (`app.use`,
 // `router.use`) there is no pattern: the policy must name its `bucket`, and
-// a policy that names one is compiled once, when `limit()` is called.
+// a policy that names one is compiled once, when `limit()` is called. The
+// app-wide middleware (`app.use(limit)`) is the options' own policy, named
+// APP_BUCKET unless the options name a `bucket`.
 //
 // One bucket, one policy: every policy a `rateLimit()` instance compiles is
 // registered by bucket name, and a second policy with the same bucket but
@@ -30,6 +32,8 @@ import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, type Defaults, type
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
+/** The bucket of `app.use(limit)`, unless the options name one (see the top of this file). */
+export const APP_BUCKET = 'app'
 
 /** How a request finds its compiled limit. */
 export type LimitOf = (req: Request) => RouteLimit<Request>
@@ -38,11 +42,13 @@ const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set i
 
 /**
  * `limit(policy)` for one `rateLimit()` instance: checks the policy at once,
- * and returns how a request finds its compiled limit. Every compiled
- * policy is registered by bucket (see the top of this file).
+ * and returns how a request finds its compiled limit; `appWide` compiles
+ * the limit of `app.use(limit)`. Every compiled policy is registered by
+ * bucket (see the top of this file).
  */
 export function registry (defaults: Defaults, patterns: RoutePatterns): {
   compile: (config: unknown) => LimitOf
+  appWide: () => RouteLimit<Request>
 } {
   const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
   function register (limit: RouteLimit<Request>): RouteLimit<Request> {
@@ -56,7 +62,9 @@ export function registry (defaults: Defaults, patterns: RoutePatterns): {
     return limit
   }
   function compile (config: unknown): LimitOf {
-    if (config !== undefined && !isRecord(config) && !Array.isArray(config)) throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing')
+    if (config !== undefined && !isPlainObject(config) && !Array.isArray(config)) {
+      throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing (to limit the whole app per client, pass the limiter itself: `app.use(limit)`)')
+    }
     const named = namedBucket(config, defaults)
     if (named !== undefined) {
       const limit = register(compileRoute(named, config, defaults, EXPRESS, 'limit(): ', 'limit()'))
@@ -98,7 +106,15 @@ export function registry (defaults: Defaults, patterns: RoutePatterns): {
       return limit
     }
   }
-  return { compile }
+  const appWide = (): RouteLimit<Request> => register(compileRoute(APP_BUCKET, undefined, defaults, EXPRESS, 'app.use(limit): ', 'app.use(limit)'))
+  return { compile, appWide }
+}
+
+/** An object literal (a request, a class instance are not policies). */
+function isPlainObject (value: unknown): boolean {
+  if (!isRecord(value)) return false
+  const proto: unknown = Object.getPrototypeOf(value)
+  return proto === Object.prototype || proto === null
 }
 
 /** The bucket a policy names for itself (the first policy's, or the options'), if any. */

@@ -9,13 +9,23 @@
 // registers the limits, lib/express-routes.ts finds where a route is
 // declared.
 //
+// The whole app. `rateLimit()` returns `limit`, which is a middleware too:
+// `app.use(limit)`, as express-rate-limit users write it, limits every
+// request with the options' own policy, one bucket per client named
+// APP_BUCKET (or the options' `bucket`), compiled on its first request (the
+// options of a limiter used only per route need no capacity). So Express's
+// call `limit(req, res, next)` is told from `limit(policy)` by its third
+// argument, a function; a value that is no policy (a request, a string)
+// fails when `limit(value)` is called.
+//
 // Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
 // registration (for the client to be ready and the scripts loaded, bounded)
 // starts there, and requests that arrive before it ends wait for it.
 
+
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
-import { MAX_NAMES, badInput, registry } from './express-limits.js'
+import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './express-limits.js'
 import { RoutePatterns } from './express-routes.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
@@ -26,7 +36,7 @@ import type { Tier } from './tiers.js'
 import { POLICY_CHECKS, STORE_CHECKS, adapterCore, checkDefaults, pick, programmaticPolicies, type RouteLimit } from './route-limit.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
 
-export { MAX_NAMES }
+export { APP_BUCKET, MAX_NAMES }
 
 const START_WAIT_MS = 2000
 
@@ -148,9 +158,12 @@ export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 
   cost?: number | undefined
 }
 
-/** What `rateLimit()` returns: a function making middleware, and the programmatic API. */
+/** What `rateLimit()` returns: a function making middleware, itself the app-wide middleware, and the programmatic API. */
 export interface RateLimit {
+  /** A middleware with this policy (merged over the options), or the options' own. */
   (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler
+  /** `app.use(limit)`: the whole app, one bucket per client, APP_BUCKET unless the options name a `bucket`. */
+  (req: Request, res: Response, next: NextFunction): void
   consume (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: ExpressProgrammaticPolicy): Promise<Decision>
   reset (clientKey: string, bucket: string): Promise<void>
@@ -205,11 +218,29 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   const patterns = new RoutePatterns((pattern) => {
     log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
   })
-  const { compile } = registry(defaults, patterns)
-  const deny = denier(options.handler)
+  const { compile, appWide } = registry(defaults, patterns)
+  const limit = limitFunction(compile, appWide, checker(layer, ready, denier(options.handler)).middleware)
+  const programmatic = programmaticPolicies(defaults)
+  const { limiter } = core
+  return Object.assign(limit, {
+    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
+    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
+    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
+    close: async () => { await limiter.close() },
+    ready,
+    limiter
+  })
+}
 
+type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) => RequestHandler) & RequestHandler
+
+/**
+ * The middleware of one `rateLimit()` instance for a way of finding a
+ * request's limit: the start-up wait, the decision, the answer.
+ */
+function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler } {
   let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
-  function middleware (limitOf: (req: Request) => RouteLimit<Request>): RequestHandler {
+  function middleware (limitOf: LimitOf): RequestHandler {
     return function tollgate (req, res, next) {
       if (waiting !== undefined) {
         void waiting.then(() => { check(limitOf, req, res, next) })
@@ -218,7 +249,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       check(limitOf, req, res, next)
     }
   }
-  function check (limitOf: (req: Request) => RouteLimit<Request>, req: Request, res: Response, next: NextFunction): void {
+  function check (limitOf: LimitOf, req: Request, res: Response, next: NextFunction): void {
     let limit: RouteLimit<Request>
     try {
       limit = limitOf(req)
@@ -237,18 +268,33 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       deny(req, res, next, denial, decision)
     }, next)
   }
+  return { middleware }
+}
 
-  const limit = (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler => middleware(compile(policy))
-  const programmatic = programmaticPolicies(defaults)
-  const { limiter } = core
-  return Object.assign(limit, {
-    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
-    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
-    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
-    close: async () => { await limiter.close() },
-    ready,
-    limiter
-  })
+/**
+ * `limit`: `limit(policy?)` makes a middleware; Express's call
+ * `limit(req, res, next)` (its third argument a function) is the app-wide
+ * middleware, compiled on its first request (see the top of this file).
+ */
+function limitFunction (compile: (config: unknown) => LimitOf, appWide: () => RouteLimit<Request>, middleware: (limitOf: LimitOf) => RequestHandler): RateLimitFunction {
+  let wide: RequestHandler | undefined
+  function appMiddleware (): RequestHandler {
+    let compiled: RouteLimit<Request>
+    try {
+      compiled = appWide()
+    } catch (err) {
+      return (_req, _res, next) => { next(err) }
+    }
+    return middleware(() => compiled)
+  }
+  return function limit (policy?: unknown, res?: unknown, next?: unknown): RequestHandler | undefined {
+    if (typeof next === 'function') {
+      wide ??= appMiddleware()
+      wide(policy as Request, res as Response, next as NextFunction)
+      return undefined
+    }
+    return middleware(compile(policy))
+  } as RateLimitFunction
 }
 
 /** The start-up wait: bounded, warns when Redis is not ready by then. */
@@ -264,8 +310,10 @@ function setHeader (res: Response, name: string, value: HeaderValue): void {
   res.setHeader(name, value)
 }
 
+type Deny = (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision) => void
+
 /** Sends a denial: to the app's handler, else as the JSON body Fastify sends. */
-function denier (handler: DeniedHandler | undefined) {
+function denier (handler: DeniedHandler | undefined): Deny {
   return function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision): void {
     if (handler !== undefined) {
       try {
