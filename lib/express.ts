@@ -21,6 +21,23 @@
 // Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
 // registration (for the client to be ready and the scripts loaded, bounded)
 // starts there, and requests that arrive before it ends wait for it.
+//
+// Late answers. A request waits in tollgate (the start-up wait, the store,
+// `maxWaitMs`) while the app may answer it anyway (a timeout middleware's
+// 503; an earlier middleware that answered and still called `next()`) or
+// its client may go away. Writing headers then would throw
+// ERR_HTTP_HEADERS_SENT in a promise callback, out of Express's reach: an
+// unhandled rejection, which ends the process. So a request whose response
+// is sent, or whose client has gone (`res.destroyed`), when tollgate gets
+// to it or when its decision arrives, is dropped: no headers, no answer,
+// no `next()` (the handler does not run for an answered request). Tokens it
+// spent stay spent (the cost of a request that was answered); a reservation
+// is still settled once the response is finished. Its waiter slot is held
+// to the end of its wait: the tokens were reserved when the wait began, so
+// freeing the slot early would change no bucket, and the wait is bounded by
+// `maxWaitMs`. Errors still go to `next(err)`, Express's error handling
+// (which closes the connection of a response already sent), and an async
+// `handler`'s rejection does too.
 
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
@@ -30,8 +47,8 @@ import { RoutePatterns } from './express-routes.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
 import { checkFields, isFunction, isRecord, warnings } from './options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Denial } from './request.js'
-import { takeReservation } from './settle-route.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, whenReady, type Decided, type Denial } from './request.js'
+import { takeReservation, type Pending } from './settle-route.js'
 import type { Tier } from './tiers.js'
 import { POLICY_CHECKS, STORE_CHECKS, adapterCore, checkDefaults, pick, programmaticPolicies, type RouteLimit } from './route-limit.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
@@ -123,8 +140,12 @@ export class RateLimitError extends Error {
   }
 }
 
-/** Answers a denied request instead of tollgate: `(req, res, next, err) => next(err)` hands it to Express's error handler. */
-export type DeniedHandler = (req: Request, res: Response, next: NextFunction, error: RateLimitError) => void
+/**
+ * Answers a denied request instead of tollgate: `(req, res, next, err) =>
+ * next(err)` hands it to Express's error handler. It may be async: a
+ * rejection goes to `next(err)`, as a throw does.
+ */
+export type DeniedHandler = (req: Request, res: Response, next: NextFunction, error: RateLimitError) => void | Promise<void>
 
 /** The options of `rateLimit()`. */
 export interface ExpressOptions extends ExpressPolicy {
@@ -236,7 +257,8 @@ type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) =>
 
 /**
  * The middleware of one `rateLimit()` instance for a way of finding a
- * request's limit: the start-up wait, the decision, the answer.
+ * request's limit: the start-up wait, the decision, the answer, and the
+ * drop of a request already answered (see the top of this file).
  */
 function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler } {
   let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
@@ -249,7 +271,9 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny
       check(limitOf, req, res, next)
     }
   }
+  /** One request's check; never throws. */
   function check (limitOf: LimitOf, req: Request, res: Response, next: NextFunction): void {
+    if (answered(res)) return
     let limit: RouteLimit<Request>
     try {
       limit = limitOf(req)
@@ -257,16 +281,23 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny
       next(err)
       return
     }
-    layer.decide(limit, req).then((decided) => {
-      if (decided === undefined) return next()
-      const { decision } = decided
-      req.rateLimit = decision
-      const pending = takeReservation(req)
-      if (pending !== undefined) res.on('finish', () => { void layer.settle(pending, req, res) })
-      const denial = answer(decided.limit, decision, res, setHeader)
-      if (denial === undefined) return next()
-      deny(req, res, next, denial, decision)
-    }, next)
+    layer.decide(limit, req).then((decided) => { conclude(decided, req, res, next) }).catch(next)
+  }
+  function conclude (decided: Decided<Request> | undefined, req: Request, res: Response, next: NextFunction): void {
+    const pending = takeReservation(req)
+    if (pending !== undefined) settleWhenFinished(pending, req, res)
+    if (answered(res)) return
+    if (decided === undefined) return next()
+    const { decision } = decided
+    req.rateLimit = decision
+    const denial = answer(decided.limit, decision, res, setHeader)
+    if (denial === undefined) return next()
+    deny(req, res, next, denial, decision)
+  }
+  function settleWhenFinished (pending: Pending, req: Request, res: Response): void {
+    const settle = (): void => { void layer.settle(pending, req, res) }
+    if (res.writableFinished) settle()
+    else res.once('finish', settle)
   }
   return { middleware }
 }
@@ -297,6 +328,11 @@ function limitFunction (compile: (config: unknown) => LimitOf, appWide: () => Ro
   } as RateLimitFunction
 }
 
+/** The response is sent, or its client has gone: no decision can reach it any more. */
+function answered (res: Response): boolean {
+  return res.headersSent || res.writableEnded || res.destroyed
+}
+
 /** The start-up wait: bounded, warns when Redis is not ready by then. */
 async function start (core: Core, redis: RedisClient | undefined, log: Logger): Promise<void> {
   if (redis === undefined) {
@@ -317,7 +353,8 @@ function denier (handler: DeniedHandler | undefined): Deny {
   return function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision): void {
     if (handler !== undefined) {
       try {
-        handler(req, res, next, new RateLimitError(denial, decision))
+        const done: unknown = handler(req, res, next, new RateLimitError(denial, decision))
+        if (done instanceof Promise) done.catch(next)
       } catch (err) {
         next(err)
       }
