@@ -38,7 +38,13 @@
 // `maxWaitMs`. Errors still go to `next(err)`, Express's error handling
 // (which closes the connection of a response already sent), and an async
 // `handler`'s rejection does too.
-
+//
+// Shutdown. `limit.close()` ends every wait at once: the held requests are
+// answered as denied, so `server.close()` is not held for up to
+// `maxWaitMs`; and every answer tollgate gives from then on says
+// `Connection: close`, since server.close() waits for keep-alive
+// connections that were busy when it was called (README "Express",
+// "Shutdown").
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
@@ -240,14 +246,18 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
   })
   const { compile, appWide } = registry(defaults, patterns)
-  const limit = limitFunction(compile, appWide, checker(layer, ready, denier(options.handler)).middleware)
+  const checks = checker(layer, ready, denier(options.handler))
+  const limit = limitFunction(compile, appWide, checks.middleware)
   const programmatic = programmaticPolicies(defaults)
   const { limiter } = core
   return Object.assign(limit, {
     consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
     reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
-    close: async () => { await limiter.close() },
+    close: async () => {
+      checks.closing()
+      await limiter.close()
+    },
     ready,
     limiter
   })
@@ -260,8 +270,9 @@ type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) =>
  * request's limit: the start-up wait, the decision, the answer, and the
  * drop of a request already answered (see the top of this file).
  */
-function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler } {
+function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
   let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
+  let closing = false
   function middleware (limitOf: LimitOf): RequestHandler {
     return function tollgate (req, res, next) {
       if (waiting !== undefined) {
@@ -287,6 +298,9 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny
     const pending = takeReservation(req)
     if (pending !== undefined) settleWhenFinished(pending, req, res)
     if (answered(res)) return
+    // Shutting down: the connection is not kept alive after this answer, or
+    // server.close() would wait for the client to drop it.
+    if (closing) res.setHeader('connection', 'close')
     if (decided === undefined) return next()
     const { decision } = decided
     req.rateLimit = decision
@@ -299,7 +313,7 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny
     if (res.writableFinished) settle()
     else res.once('finish', settle)
   }
-  return { middleware }
+  return { middleware, closing: () => { closing = true } }
 }
 
 /**

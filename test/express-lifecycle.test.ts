@@ -11,19 +11,22 @@
 //     behaviour, where an unhandled rejection ends the process; and the same
 //     for the Fastify plugin (test/helpers/fastify-late.ts);
 //   - a client that disconnects while it waits: its handler does not run,
-//     and its waiter slot is held to the end of its wait.
+//     and its waiter slot is held to the end of its wait;
+//   - shutdown: limit.close() answers every waiting request at once, and
+//     server.close() then completes.
 //
 // Tolerances: the children's timeouts answer at 30 ms, their decisions
 // arrive 150-200 ms later (the start-up wait's at its end, which the child
 // reports); each check waits SETTLE_MS past that, for a loaded 2-core
-// machine.
+// machine. Shutdown is bounded by
+// SHUTDOWN_MS, against waits of WAIT_MS that would otherwise hold it.
 
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { request } from 'node:http'
+import { request, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
-import express5 from 'express'
+import express5, { type RequestHandler } from 'express'
 import express4 from 'express4'
 import t, { type Test } from 'tap'
 import { rateLimit } from '../lib/express.js'
@@ -32,6 +35,8 @@ import { memoryLogger } from './helpers/express.js'
 import { redisUrl } from './helpers/redis.js'
 
 const SETTLE_MS = 600
+const WAIT_MS = 10_000
+const SHUTDOWN_MS = 1500
 
 interface Child {
   ask (path: string): Promise<{ status: number, body: string }>
@@ -179,14 +184,41 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.same(handled, ['first', 'later'])
     })
 
+    for (const first of ['server.close()', 'limit.close()'] as const) {
+      t.test(`shutdown, ${first} first: limit.close() answers every waiting request at once, and server.close() completes`, async (t) => {
+        const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.5, failureMode: 'open', logger: memoryLogger() })
+        const app = express()
+        app.get('/report', limit({ key: () => 'tenant', maxWaitMs: WAIT_MS }), ((_req, res) => { res.json({ ok: true }) }) as RequestHandler)
+        const server: Server = app.listen(0, '127.0.0.1')
+        await once(server, 'listening')
+        t.teardown(() => { server.closeAllConnections() })
+        const at = { host: '127.0.0.1', port: (server.address() as AddressInfo).port }
+        t.equal((await ask(at, '/report')).status, 200, 'the bucket is empty now')
+        // Three keep-alive requests (Node's default agent keeps connections alive) wait for tokens 2, 4, 6 s away.
+        const held = [1, 2, 3].map(async () => await ask(at, '/report'))
+        await sleep(200)
+        const started = performance.now()
+        const closing = (): Promise<void> => new Promise<void>((resolve) => { server.close(() => { resolve() }) })
+        const closed = first === 'server.close()' ? closing() : limit.close().then(closing)
+        if (first === 'server.close()') await limit.close()
+        const answers = await Promise.all(held)
+        const answeredMs = performance.now() - started
+        await closed
+        const closedMs = performance.now() - started
+        t.same(answers.map((a) => [a.status, a.connection]), [[429, 'close'], [429, 'close'], [429, 'close']], 'the waiting requests are answered as denied, and their connections closed')
+        t.ok(answers.every((a) => a.retryAfter !== undefined), 'with Retry-After')
+        t.ok(answeredMs < SHUTDOWN_MS, `answered ${answeredMs.toFixed(0)} ms after close() (waits of up to ${WAIT_MS} ms; bound ${SHUTDOWN_MS} ms)`)
+        t.ok(closedMs < SHUTDOWN_MS, `server.close() done ${closedMs.toFixed(0)} ms after (bound ${SHUTDOWN_MS} ms)`)
+      })
+    }
   })
 }
 
-async function ask (at: { host: string, port: number }, path: string): Promise<{ status: number }> {
+async function ask (at: { host: string, port: number }, path: string): Promise<{ status: number, retryAfter: string | undefined, connection: string | undefined }> {
   return await new Promise((resolve, reject) => {
     const req = request({ ...at, path }, (res) => {
       res.resume()
-      res.on('end', () => resolve({ status: res.statusCode ?? 0 }))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, retryAfter: res.headers['retry-after'], connection: res.headers.connection }))
     })
     req.on('error', reject)
     req.end()

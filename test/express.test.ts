@@ -7,8 +7,8 @@
 // start-up wait and the programmatic API. Failures of the store are in
 // test/express-failures.test.ts; the byte-for-byte comparison with the
 // Fastify plugin in test/express-parity.test.ts; bucket names against
-// spellings of the URL in test/express-routes.test.ts; late decisions and
-// disconnects in test/express-lifecycle.test.ts.
+// spellings of the URL in test/express-routes.test.ts; late decisions,
+// disconnects and shutdown in test/express-lifecycle.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
 import { IncomingMessage } from 'node:http'
