@@ -3,45 +3,65 @@
 // options, Redis keys, headers and bodies.
 //
 // Buckets. Inside a route, a middleware's bucket is `<METHOD> <mount path +
-// route pattern>` (`GET /users/:id`), read from `req.baseUrl` and
-// `req.route.path` on the request, since a middleware does not know where
-// it will be mounted; the limit of each name is compiled on its first
-// request and kept. `req.baseUrl` is the mounted path as matched: a router
-// mounted on a path with parameters (`/orgs/:org`) shows their values, so
-// that such a middleware would make one bucket per value; after
-// MAX_NAMES names it refuses (a 500 asking for a `bucket`) rather than let
-// clients create buckets at will. Outside a route (`app.use`, `router.use`)
-// there is no pattern: the policy must name its `bucket`, and a policy that
-// names one is compiled once, when `limit()` is called.
+// route pattern>` (`GET /users/:id`) as declared, never as the URL spells
+// it; outside a route the policy names its `bucket`; a bucket has one
+// policy per `rateLimit()` instance. lib/express-limits.ts compiles and
+// registers the limits, lib/express-routes.ts finds where a route is
+// declared.
 //
-// One bucket, one policy: every policy a `rateLimit()` instance compiles is
-// registered by bucket name, and a second policy with the same bucket but
-// another capacity or rate is refused, at `limit()` time when the bucket is
-// named there, else on the first request (a 500 naming both). Two
-// instances, or a Fastify server, naming the same bucket are not seen: the
-// bucket then follows whichever capacity each call sends, as in Fastify.
+// The whole app. `rateLimit()` returns `limit`, which is a middleware too:
+// `app.use(limit)`, as express-rate-limit users write it, limits every
+// request with the options' own policy, one bucket per client named
+// APP_BUCKET (or the options' `bucket`), compiled on its first request (the
+// options of a limiter used only per route need no capacity). So Express's
+// call `limit(req, res, next)` is told from `limit(policy)` by its third
+// argument, a function; a value that is no policy (a request, a string)
+// fails when `limit(value)` is called.
 //
 // Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
 // registration (for the client to be ready and the scripts loaded, bounded)
 // starts there, and requests that arrive before it ends wait for it.
+//
+// Late answers. A request waits in tollgate (the start-up wait, the store,
+// `maxWaitMs`) while the app may answer it anyway (a timeout middleware's
+// 503; an earlier middleware that answered and still called `next()`) or
+// its client may go away. Writing headers then would throw
+// ERR_HTTP_HEADERS_SENT in a promise callback, out of Express's reach: an
+// unhandled rejection, which ends the process. So a request whose response
+// is sent, or whose client has gone (`res.destroyed`), when tollgate gets
+// to it or when its decision arrives, is dropped: no headers, no answer,
+// no `next()` (the handler does not run for an answered request). Tokens it
+// spent stay spent (the cost of a request that was answered); a reservation
+// is still settled once the response is finished. Its waiter slot is held
+// to the end of its wait: the tokens were reserved when the wait began, so
+// freeing the slot early would change no bucket, and the wait is bounded by
+// `maxWaitMs`. Errors still go to `next(err)`, Express's error handling
+// (which closes the connection of a response already sent), and an async
+// `handler`'s rejection does too.
+//
+// Shutdown. `limit.close()` ends every wait at once: the held requests are
+// answered as denied, so `server.close()` is not held for up to
+// `maxWaitMs`; and every answer tollgate gives from then on says
+// `Connection: close`, since server.close() waits for keep-alive
+// connections that were busy when it was called (README "Express",
+// "Shutdown").
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from './errors.js'
+import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './express-limits.js'
+import { RoutePatterns } from './express-routes.js'
 import type { HeaderValue } from './headers.js'
 import type { Core } from './limiter.js'
 import { checkFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from './options.js'
-import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from './request.js'
-import { takeReservation } from './settle-route.js'
+import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Decided, type Denial } from './request.js'
+import { takeReservation, type Pending } from './settle-route.js'
 import type { Tier } from './tiers.js'
-import {
-  POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName,
-  type Defaults, type Dialect, type RouteLimit
-} from './route-limit.js'
+import { POLICY_CHECKS, STORE_CHECKS, adapterCore, checkDefaults, pick, programmaticPolicies, type RouteLimit } from './route-limit.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from './types.js'
 
+export { APP_BUCKET, MAX_NAMES }
+
 const START_WAIT_MS = 2000
-/** Distinct route names one middleware compiles before it refuses (see the top of this file). */
-export const MAX_NAMES = 1000
 
 /**
  * A `cost` function. The functions of a policy are declared as methods, so
@@ -126,8 +146,12 @@ export class RateLimitError extends Error {
   }
 }
 
-/** Answers a denied request instead of tollgate: `(req, res, next, err) => next(err)` hands it to Express's error handler. */
-export type DeniedHandler = (req: Request, res: Response, next: NextFunction, error: RateLimitError) => void
+/**
+ * Answers a denied request instead of tollgate: `(req, res, next, err) =>
+ * next(err)` hands it to Express's error handler. It may be async: a
+ * rejection goes to `next(err)`, as a throw does.
+ */
+export type DeniedHandler = (req: Request, res: Response, next: NextFunction, error: RateLimitError) => void | Promise<void>
 
 /** The options of `rateLimit()`. */
 export interface ExpressOptions extends ExpressPolicy {
@@ -167,9 +191,12 @@ export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 
   cost?: number | undefined
 }
 
-/** What `rateLimit()` returns: a function making middleware, and the programmatic API. */
+/** What `rateLimit()` returns: a function making middleware, itself the app-wide middleware, and the programmatic API. */
 export interface RateLimit {
+  /** A middleware with this policy (merged over the options), or the options' own. */
   (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler
+  /** `app.use(limit)`: the whole app, one bucket per client, APP_BUCKET unless the options name a `bucket`. */
+  (req: Request, res: Response, next: NextFunction): void
   consume (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: ExpressProgrammaticPolicy): Promise<Decision>
   reset (clientKey: string, bucket: string): Promise<void>
@@ -189,8 +216,6 @@ declare global {
     }
   }
 }
-
-const EXPRESS: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()', adapter: 'express' }
 
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings, outageSummaryMs }
 
@@ -223,11 +248,38 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
     settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
-  const compile = registry(defaults)
-  const deny = denier(options.handler)
+  const patterns = new RoutePatterns((pattern) => {
+    log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
+  })
+  const { compile, appWide } = registry(defaults, patterns)
+  const checks = checker(layer, ready, denier(options.handler))
+  const limit = limitFunction(compile, appWide, checks.middleware)
+  const programmatic = programmaticPolicies(defaults, 'express')
+  const { limiter } = core
+  return Object.assign(limit, {
+    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
+    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
+    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
+    close: async () => {
+      checks.closing()
+      await limiter.close()
+    },
+    ready,
+    limiter
+  })
+}
 
+type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) => RequestHandler) & RequestHandler
+
+/**
+ * The middleware of one `rateLimit()` instance for a way of finding a
+ * request's limit: the start-up wait, the decision, the answer, and the
+ * drop of a request already answered (see the top of this file).
+ */
+function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
   let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
-  function middleware (limitOf: (req: Request) => RouteLimit<Request>): RequestHandler {
+  let closing = false
+  function middleware (limitOf: LimitOf): RequestHandler {
     return function tollgate (req, res, next) {
       if (waiting !== undefined) {
         void waiting.then(() => { check(limitOf, req, res, next) })
@@ -236,7 +288,9 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       check(limitOf, req, res, next)
     }
   }
-  function check (limitOf: (req: Request) => RouteLimit<Request>, req: Request, res: Response, next: NextFunction): void {
+  /** One request's check; never throws. */
+  function check (limitOf: LimitOf, req: Request, res: Response, next: NextFunction): void {
+    if (answered(res)) return
     let limit: RouteLimit<Request>
     try {
       limit = limitOf(req)
@@ -244,29 +298,59 @@ export function rateLimit (options: ExpressOptions): RateLimit {
       next(err)
       return
     }
-    layer.decide(limit, req).then((decided) => {
-      if (decided === undefined) return next()
-      const { decision } = decided
-      req.rateLimit = decision
-      const pending = takeReservation(req)
-      if (pending !== undefined) res.on('finish', () => { void layer.settle(pending, req, res) })
-      const denial = answer(decided.limit, decision, res, setHeader)
-      if (denial === undefined) return next()
-      deny(req, res, next, denial, decision)
-    }, next)
+    layer.decide(limit, req).then((decided) => { conclude(decided, req, res, next) }).catch(next)
   }
+  function conclude (decided: Decided<Request> | undefined, req: Request, res: Response, next: NextFunction): void {
+    const pending = takeReservation(req)
+    if (pending !== undefined) settleWhenFinished(pending, req, res)
+    if (answered(res)) return
+    // Shutting down: the connection is not kept alive after this answer, or
+    // server.close() would wait for the client to drop it.
+    if (closing) res.setHeader('connection', 'close')
+    if (decided === undefined) return next()
+    const { decision } = decided
+    req.rateLimit = decision
+    const denial = answer(decided.limit, decision, res, setHeader)
+    if (denial === undefined) return next()
+    deny(req, res, next, denial, decision)
+  }
+  function settleWhenFinished (pending: Pending, req: Request, res: Response): void {
+    const settle = (): void => { void layer.settle(pending, req, res) }
+    if (res.writableFinished) settle()
+    else res.once('finish', settle)
+  }
+  return { middleware, closing: () => { closing = true } }
+}
 
-  const limit = (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler => middleware(compile(policy))
-  const programmatic = programmaticPolicies(defaults, 'express')
-  const { limiter } = core
-  return Object.assign(limit, {
-    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
-    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
-    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
-    close: async () => { await limiter.close() },
-    ready,
-    limiter
-  })
+/**
+ * `limit`: `limit(policy?)` makes a middleware; Express's call
+ * `limit(req, res, next)` (its third argument a function) is the app-wide
+ * middleware, compiled on its first request (see the top of this file).
+ */
+function limitFunction (compile: (config: unknown) => LimitOf, appWide: () => RouteLimit<Request>, middleware: (limitOf: LimitOf) => RequestHandler): RateLimitFunction {
+  let wide: RequestHandler | undefined
+  function appMiddleware (): RequestHandler {
+    let compiled: RouteLimit<Request>
+    try {
+      compiled = appWide()
+    } catch (err) {
+      return (_req, _res, next) => { next(err) }
+    }
+    return middleware(() => compiled)
+  }
+  return function limit (policy?: unknown, res?: unknown, next?: unknown): RequestHandler | undefined {
+    if (typeof next === 'function') {
+      wide ??= appMiddleware()
+      wide(policy as Request, res as Response, next as NextFunction)
+      return undefined
+    }
+    return middleware(compile(policy))
+  } as RateLimitFunction
+}
+
+/** The response is sent, or its client has gone: no decision can reach it any more. */
+function answered (res: Response): boolean {
+  return res.headersSent || res.writableEnded || res.destroyed
 }
 
 /** The start-up wait: bounded, warns when Redis is not ready by then. */
@@ -278,72 +362,19 @@ async function start (core: Core, redis: RedisClient | undefined, log: Logger): 
   }
 }
 
-/**
- * `limit(policy)` for one `rateLimit()` instance: checks the policy at once,
- * and returns how a request finds its compiled limit. Every compiled policy
- * is registered by bucket (see the top of this file).
- */
-function registry (defaults: Defaults): (config: unknown) => (req: Request) => RouteLimit<Request> {
-  const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
-  function register (limit: RouteLimit<Request>): RouteLimit<Request> {
-    for (const p of limit.policies) {
-      const seen = buckets.get(p.bucket)
-      if (seen === undefined) buckets.set(p.bucket, { capacity: p.capacity, refillPerSecond: p.refillPerSecond, where: limit.name })
-      else if (seen.capacity !== p.capacity || seen.refillPerSecond !== p.refillPerSecond) {
-        throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
-      }
-    }
-    return limit
-  }
-  return (config) => {
-    if (config !== undefined && !isRecord(config) && !Array.isArray(config)) throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing')
-    const named = namedBucket(config, defaults)
-    if (named !== undefined) {
-      const limit = register(compileRoute(named, config, defaults, EXPRESS, 'limit(): ', 'limit()'))
-      return () => limit
-    }
-    // Checked now, under a stand-in name, so that a mistake fails at start-up.
-    compileRoute('limit()', config, defaults, EXPRESS, 'limit(): ', 'limit()')
-    const byName = new Map<string, RouteLimit<Request>>()
-    return (req) => {
-      const name = nameOf(req)
-      let limit = byName.get(name)
-      if (limit === undefined) {
-        if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() has made ${MAX_NAMES} bucket names already (a router mounted on a path with parameters makes one per value): give it a \`bucket\``)
-        limit = register(compileRoute(name, config, defaults, EXPRESS, `limit() of ${name}: `))
-        byName.set(name, limit)
-      }
-      return limit
-    }
-  }
-}
-
-/** The bucket a policy names for itself (the first policy's, or the options'), if any. */
-function namedBucket (config: unknown, defaults: Defaults): string | undefined {
-  const first: unknown = Array.isArray(config) ? config[0] : config
-  return (isRecord(first) ? first.bucket as string | undefined : undefined) ?? defaults.bucket as string | undefined
-}
-
-/** `GET /users/:id`: the request's method (HEAD as GET) and its mount path and route pattern. */
-function nameOf (req: Request): string {
-  const route = (req as { route?: { path?: unknown } }).route
-  if (route === undefined) {
-    throw badInput('Rate limit outside a route (app.use, router.use) has no route pattern to name its bucket: give the policy a `bucket`')
-  }
-  const path = Array.isArray(route.path) ? route.path.map(String).join(',') : String(route.path)
-  return routeName(req.method, req.baseUrl + path)
-}
-
 function setHeader (res: Response, name: string, value: HeaderValue): void {
   res.setHeader(name, value)
 }
 
+type Deny = (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision) => void
+
 /** Sends a denial: to the app's handler, else as the JSON body Fastify sends. */
-function denier (handler: DeniedHandler | undefined) {
+function denier (handler: DeniedHandler | undefined): Deny {
   return function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision): void {
     if (handler !== undefined) {
       try {
-        handler(req, res, next, new RateLimitError(denial, decision))
+        const done: unknown = handler(req, res, next, new RateLimitError(denial, decision))
+        if (done instanceof Promise) done.catch(next)
       } catch (err) {
         next(err)
       }
@@ -353,17 +384,6 @@ function denier (handler: DeniedHandler | undefined) {
     res.setHeader('content-type', 'application/json; charset=utf-8')
     res.end(denialBody(denial))
   }
-}
-
-/** A 500 for Express's error handler: a `key` or `cost` that failed, a bucket that cannot be named. */
-function badInput (message: string): Error {
-  const err = new Error(message)
-  Object.defineProperties(err, {
-    code: { value: 'TOLLGATE_BAD_INPUT', enumerable: true },
-    status: { value: 500, enumerable: true },
-    statusCode: { value: 500, enumerable: true }
-  })
-  return err
 }
 
 /**

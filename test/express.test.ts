@@ -1,20 +1,25 @@
 // tollgate/express (SPEC section 9), on a real Redis, run once against
 // Express 5 and once against Express 4 (installed under the alias
 // `express4`): first-call headers, exhaustion, route-pattern buckets, the
+// limiter itself as app-wide middleware (`app.use(rateLimit(...))`), the
 // app-level bucket, one bucket with two policies, several policies all or
 // nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
 // start-up wait and the programmatic API. Failures of the store are in
 // test/express-failures.test.ts; the byte-for-byte comparison with the
-// Fastify plugin in test/express-parity.test.ts.
+// Fastify plugin in test/express-parity.test.ts; bucket names against
+// spellings of the URL in test/express-routes.test.ts; late decisions,
+// disconnects and shutdown in test/express-lifecycle.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
+import { IncomingMessage } from 'node:http'
+import { Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import express5, { type ErrorRequestHandler, type RequestHandler } from 'express'
 import express4 from 'express4'
 import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
-import { MAX_NAMES, RateLimitError, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
+import { APP_BUCKET, RateLimitError, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
 import { keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { listen, memoryLogger, type Answer } from './helpers/express.js'
 import { redisUrl } from './helpers/redis.js'
@@ -23,6 +28,21 @@ const ok: RequestHandler = (req, res) => { res.json({ source: req.rateLimit?.sou
 const byClient = { key: (req: { get: (name: string) => string | undefined }) => req.get('x-client') ?? 'anonymous' }
 
 const url = await redisUrl(t)
+
+/** The lines `fn` printed through console.error and console.warn (Express's default error handler prints with console.error). */
+async function consoleLines (fn: () => Promise<void>): Promise<string[]> {
+  const lines: string[] = []
+  const { error, warn } = console
+  console.error = (...args: unknown[]) => { lines.push(...args.map(String).join(' ').split('\n')) }
+  console.warn = console.error
+  try {
+    await fn()
+  } finally {
+    console.error = error
+    console.warn = warn
+  }
+  return lines
+}
 
 for (const [major, express] of [['Express 5', express5], ['Express 4', express4]] as const) {
   t.test(major, async (t) => {
@@ -95,23 +115,49 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal(a.headers['ratelimit-remaining'], '96', 'GET /users/1, /2, /5 (HEAD), /6: one bucket')
     })
 
-    t.test('a router mounted on a path with parameters: bounded, then a 500 asking for a bucket', async (t) => {
-      const limit = rateLimit({ capacity: 10_000, refillPerSecond: 1, failureMode: 'open', logger: memoryLogger() })
+    t.test("app.use(rateLimit(options)), express-rate-limit's habit: the whole app, one bucket per client, no log line", async (t) => {
+      const logger = memoryLogger()
+      const prefix = uniquePrefix()
+      const app = express()
+      app.use(rateLimit({ redis, prefix, capacity: 3, refillPerSecond: 0.01, failureMode: 'open', logger }))
+      app.get('/a', ok)
+      app.get('/b', ok)
+      const get = await listen(t, app)
+      const printed = await consoleLines(async () => {
+        const answers = [await get('/a'), await get('/b'), await get('/nowhere'), await get('/a')]
+        t.same(answers.map((a) => a.status), [200, 200, 404, 429], 'one bucket for /a, /b and unknown URLs')
+        t.equal(answers[0]?.headers['ratelimit-remaining'], '2', 'decided by Redis, with the headers')
+        t.same(JSON.parse(answers[0]?.body ?? ''), { source: 'store' }, 'req.rateLimit is set')
+      })
+      t.same([printed, logger.lines], [[], []], 'no line on the console or the logger for these 4 requests')
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{127.0.0.1}:${APP_BUCKET}`], `the bucket is named '${APP_BUCKET}'`)
+    })
+
+    t.test('the limiter as app middleware and as the maker of route limits, in one app; the bucket option names it', async (t) => {
+      const { limit, prefix } = limiter(t, { bucket: 'site', capacity: 5, refillPerSecond: 0.01 })
+      const app = express()
+      app.use(limit)
+      app.get('/search', limit({ bucket: 'search', capacity: 1 }), ok)
+      app.get('/home', ok)
+      const get = await listen(t, app)
+      const statuses = [await get('/search'), await get('/search'), await get('/home')].map((a) => a.status)
+      t.same(statuses, [200, 429, 200], 'the route limit applies after the app-wide one')
+      t.equal((await get('/home')).headers['ratelimit-remaining'], '1', 'four of five spent from the app-wide bucket')
+      t.same(await keysUnder(redis, prefix), [`${prefix}:{127.0.0.1}:search`, `${prefix}:{127.0.0.1}:site`])
+    })
+
+    t.test('app.use(limit) with options that are no complete policy: a 500 naming what is missing', async (t) => {
+      const limit = rateLimit({ redis, prefix: uniquePrefix(), failureMode: 'open', logger: memoryLogger() })
       t.teardown(() => limit.close())
       const app = express()
-      const router = express.Router()
-      router.get('/x', limit(), ok)
-      app.use('/orgs/:org', router)
-      app.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
+      app.use(limit)
+      app.get('/a', ok)
+      app.use(((err, _req, res, _next) => { res.status(500).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
       const get = await listen(t, app)
-      for (let i = 0; i < MAX_NAMES; i++) {
-        const a = await get(`/orgs/${i}/x`)
-        if (a.status !== 200) t.fail(`org ${i}: ${a.status}`)
+      for (let i = 0; i < 2; i++) {
+        const a = await get('/a')
+        t.same([a.status, JSON.parse(a.body)], [500, { code: 'TOLLGATE_INVALID_OPTION', message: 'tollgate: `app.use(limit): capacity` must be a finite number > 0 (set it in rateLimit() or limit()), got undefined' }])
       }
-      const a = await get('/orgs/next/x')
-      t.equal(a.status, 500)
-      t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: /made 1000 bucket names already.*give it a `bucket`/ })
-      t.equal((await get('/orgs/0/x')).status, 200, 'names already made still work')
     })
 
     t.test('app-level middleware: the named bucket, shared by every route; without a name, a 500', async (t) => {
@@ -448,7 +494,11 @@ t.test('options are checked like the plugin\'s: coded TypeErrors naming the opti
   const limit = rateLimit(base)
   t.teardown(() => limit.close())
   const atLimit: Array<[string, () => unknown, RegExp]> = [
-    ['not a policy', () => limit('x' as never), /`limit\(\)` must be a policy, a non-empty array of policies, or nothing, got "x"/],
+    ['a string', () => limit('x' as never), /`limit\(\)` must be a policy, a non-empty array of policies, or nothing \(to limit the whole app per client, pass the limiter itself: `app.use\(limit\)`\), got "x"/],
+    ['a number', () => limit(5 as never), /`limit\(\)` must be a policy, .*got 5$/],
+    ['null', () => limit(null as never), /`limit\(\)` must be a policy, .*got null$/],
+    ['a request object', () => limit(new IncomingMessage(new Socket()) as never), /`limit\(\)` must be a policy, .*pass the limiter itself: `app.use\(limit\)`/],
+    ['a function', () => limit((() => {}) as never), /`limit\(\)` must be a policy, .*got a function$/],
     ['an empty array', () => limit([]), /`limit\(\): rateLimit` must be a policy, a non-empty array/],
     ['a typo', () => limit({ capacty: 5 } as never), /unknown option `limit\(\): capacty`; did you mean `limit\(\): capacity`/],
     ['a bad value in an array', () => limit([{ capacity: 5 }, { refillPerSecond: -1 }]), /`limit\(\)\[1\]\.refillPerSecond` must be a finite number > 0, got -1/],

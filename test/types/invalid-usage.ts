@@ -148,6 +148,8 @@ export async function invalidExpressUsage (req: Request): Promise<void> {
   limit([{ capacity: 5 }, { refillPerSecond: '1' }])
   // @ts-expect-error not a policy
   limit('yes')
+  // @ts-expect-error a request is no policy (the limiter itself is the app-wide middleware)
+  limit(req)
   // @ts-expect-error a programmatic policy takes no key
   await limit.consume('alice', { bucket: 'login', key: () => 'x' })
   // @ts-expect-error req.rateLimit is a Decision

@@ -179,6 +179,9 @@ export async function expressUsage (): Promise<void> {
   })
   const app = express()
   app.use(limit({ bucket: 'site', capacity: 1000, refillPerSecond: 100 }))
+  app.use(limit)
+  app.use(rateLimit({ capacity: 100, refillPerSecond: 10, failureMode: 'open' }))
+  app.use(rateLimit({ capacity: 100, refillPerSecond: 10, failureMode: 'open', handler: async (_req, res) => { res.status(429).end() } }))
   app.get('/search', limit({ capacity: 20, refillPerSecond: 2, key: (req) => req.get('x-user') ?? req.ip ?? 'anonymous' }), (req, res) => {
     const decision: Decision | undefined = req.rateLimit
     res.json({ remaining: decision?.remaining })
