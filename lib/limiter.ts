@@ -34,6 +34,12 @@ export interface Core {
   reserve(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
   /** Loads the scripts (on every master of a Cluster) ahead of the first decision. */
   warm(): Promise<void>
+  /**
+   * Ends every wait at once, as `limiter.close()` does, and starts no new
+   * one; the rest keeps working. For an adapter's shutdown, before it waits
+   * for the requests in flight (which may be waiting).
+   */
+  endWaits(): void
 }
 
 /** Published for every decision: `{ key, decision }`. */
@@ -431,7 +437,7 @@ export function createCore (options: LimiterOptions = {}): Core {
       return guard?.state ?? 'healthy'
     }
   }
-  return { limiter, decide, reserve, warm: async () => { await redis?.warm() } }
+  return { limiter, decide, reserve, warm: async () => { await redis?.warm() }, endWaits: () => { waiters.close() } }
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */
