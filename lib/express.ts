@@ -166,7 +166,7 @@ export interface ExpressOptions extends ExpressPolicy {
   /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
-  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
   /** OpenTelemetry metrics, off unless set: `{ meter }` (README "Metrics"). */
   metrics?: MetricsOptions | undefined
   /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */

@@ -1,4 +1,5 @@
 import { Deadlines } from './deadline.js'
+import { Marks } from './marks.js'
 import { wholeTokens, type BucketSpec, type LeaseReply } from './store.js'
 import type { Decision, Policy } from './types.js'
 
@@ -91,16 +92,25 @@ export interface GiveBack {
  * the price of turning the client away for up to (tokens - cost) / refill
  * seconds longer than Redis would.
  *
+ * A reset of the bucket, here or on another app server (lib/invalidation.ts),
+ * drops its lease: the reset bucket is full, and tokens taken from it
+ * before would come on top. A batch whose call was sent before the reset
+ * was learnt, landing after it, is not kept either (lib/marks.ts). A refund
+ * leaves leases alone: it gives tokens to the bucket, and a lease spends
+ * only what it took.
+ *
  * Size-capped: past `maxKeys` the oldest lease is dropped and its unspent
  * tokens are lost to the bucket until they refill.
  */
 export class LeaseBook {
   readonly #leases = new Map<string, Lease>()
   readonly #maxKeys: number
+  readonly #resets: Marks
   readonly clock: Clock
 
   constructor (maxKeys: number, clock: Clock = () => performance.now()) {
     this.#maxKeys = maxKeys
+    this.#resets = new Marks(maxKeys)
     this.clock = clock
   }
 
@@ -138,6 +148,7 @@ export class LeaseBook {
    * waits), the rest is this server's to spend.
    */
   add (spec: BucketSpec, reply: LeaseReply, sentAt: number, spent: number): void {
+    if (this.#resets.stale(spec.key, sentAt)) return
     const lease = leaseOf(spec, reply, sentAt, reply.taken - spent)
     this.#leases.delete(spec.key)
     this.#leases.set(spec.key, lease)
@@ -149,8 +160,10 @@ export class LeaseBook {
     return this.#giveBack(leaseOf(spec, reply, sentAt, reply.taken))
   }
 
+  /** The bucket was reset: drops its lease, and keeps out a batch whose call was sent before now. */
   forget (key: string): void {
     this.#leases.delete(key)
+    this.#resets.mark(key, this.clock())
   }
 
   /** Takes every lease out, with the usable tokens to give back. */

@@ -1,8 +1,9 @@
 import diagnostics from 'node:diagnostics_channel'
-import { DenialCache } from './denial-cache.js'
+import { DEFAULT_MAX_AGE_MS, DenialCache } from './denial-cache.js'
 import { optionError, type StoreError } from './errors.js'
 import { monotonic } from './deadline.js'
 import { Guard } from './guard.js'
+import { Invalidations } from './invalidation.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
 import { clientId } from './keys.js'
 import { MemoryStore } from './memory-store.js'
@@ -17,7 +18,7 @@ import { processWarnings } from './process-warnings.js'
 import { RedisStore } from './redis-store.js'
 import { settlements, type Reservation } from './settle.js'
 import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
-import type { Decision, DecisionSource, Limiter, LimiterOptions, Policy } from './types.js'
+import type { Decision, DecisionSource, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
 import { Waiters } from './waiters.js'
 
 /**
@@ -43,6 +44,12 @@ export interface Core {
   warm(): Promise<void>
   /** Marks the store failing (start-up found it not ready), logging `message` once. */
   down(err: StoreError, message: string): void
+  /**
+   * Ends every wait at once, as `limiter.close()` does, and starts no new
+   * one; the rest keeps working. For an adapter's shutdown, before it waits
+   * for the requests in flight (which may be waiting).
+   */
+  endWaits(): void
 }
 
 /** Published for every decision: `{ key, decision }`. */
@@ -181,8 +188,14 @@ export function createCore (options: LimiterOptions = {}): Core {
   const checked = new WeakSet<object>()
   const denials = guard === undefined || options.denialCache === false
     ? undefined
-    : new DenialCache(options.denialCache?.maxKeys ?? 10_000)
-  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger, summarize, failed })
+    : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS)
+  const changes = denials === undefined ? undefined : fleetChanges(options.redis as RedisClient, prefix, denials, leases, logger)
+  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger, refunded, summarize, failed })
+
+  /** A refund applied in Redis, already applied to this server's cached denials: the other servers'. */
+  async function refunded (specs: readonly BucketSpec[]): Promise<void> {
+    await changes?.refund(specs.map((s) => s.key), defaultTimeout)
+  }
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
     const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
@@ -429,10 +442,18 @@ export function createCore (options: LimiterOptions = {}): Core {
       await memory.reset(key)
       denials?.forget(key)
       leases.forget(key)
-      if (guard !== undefined) await guard.reset(key, defaultTimeout)
+      if (guard === undefined) return
+      await guard.reset(key, defaultTimeout)
+      // Again once Redis has applied it: a call in flight meanwhile may have
+      // been decided before the reset, and its reply comes after.
+      const at = performance.now()
+      denials?.reset(key, at)
+      leases.forget(key)
+      await changes?.reset(key, defaultTimeout)
     },
     async close () {
       waiters.close()
+      changes?.close()
       await flights?.close(defaultTimeout)
       denials?.clear()
       memory.clear()
@@ -449,7 +470,22 @@ export function createCore (options: LimiterOptions = {}): Core {
     if (refused !== undefined) (guard as Guard).down(refused)
   }
   // Only the adapters call `down`, and only with a `redis`, hence a guard.
-  return { limiter, decide, reserve, warm, down: (err, message) => { (guard as Guard).down(err, message) } }
+  return { limiter, decide, reserve, warm, down: (err, message) => { (guard as Guard).down(err, message) }, endWaits: () => { waiters.close() } }
+}
+
+/**
+ * The other app servers' resets and refunds (lib/invalidation.ts), applied
+ * to this server's cached denials and leases as its own are.
+ */
+function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined): Invalidations {
+  return new Invalidations(redis, prefix, {
+    reset (key, at) {
+      denials.reset(key, at)
+      leases.forget(key)
+    },
+    refund: (keys, at) => { denials.refunded(keys, at) },
+    resubscribed: (at) => { denials.distrust(at) }
+  }, logger)
 }
 
 /** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */

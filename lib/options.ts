@@ -245,8 +245,8 @@ export function outageSummaryMs (value: unknown, name: string): void {
 
 export function denialCache (value: unknown, name: string): void {
   if (value === false) return
-  if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys }')
-  checkFields(value, { maxKeys: positiveInteger }, name + '.')
+  if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys, maxAgeMs }')
+  checkFields(value, { maxKeys: positiveInteger, maxAgeMs: positiveNumber }, name + '.')
 }
 
 const METER_METHODS = ['createCounter', 'createUpDownCounter', 'createHistogram'] as const

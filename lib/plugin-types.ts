@@ -87,8 +87,11 @@ export interface TollgateOptions extends RoutePolicy {
   ipv6Subnet?: number | undefined
   /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */
   breaker?: Partial<BreakerOptions> | undefined
-  /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
-  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  /**
+   * Deny locally while a denied bucket cannot afford the cost yet, for at most
+   * `maxAgeMs` after the call (default on, { maxKeys: 10000, maxAgeMs: 1000 }).
+   */
+  denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
   /** OpenTelemetry metrics, off unless set: `{ meter }`, a Meter of @opentelemetry/api. */
   metrics?: MetricsOptions | undefined
   /**

@@ -194,6 +194,15 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     check(limit, request, reply).then(() => { done() }, done)
   }
 
+  // Fastify waits for the requests in flight before it runs its onClose
+  // hooks, and a request waiting for its tokens (`maxWaitMs`) is in flight:
+  // ending the waits in preClose, before the server closes, answers them
+  // (denied) at once, instead of holding app.close() as long as the longest
+  // wait. Decisions go on until onClose; they just do not wait any more.
+  app.addHook('preClose', (done) => {
+    core.endWaits()
+    done()
+  })
   app.addHook('onClose', async () => {
     await limiter.close()
   })

@@ -14,10 +14,10 @@
 // by anyone can only delay the moment the bucket affords the cost; a
 // refund breaks that, so once the store has applied it, the cached denials
 // it can make wrong are dropped: that of the reservation's buckets, and
-// that of each of them alone (see forgetDenials). (The denial that was
-// computed before the refund arrives first: the store's replies come back
-// in the order its scripts ran, on one connection per node.) A charge
-// keeps them: it only delays.
+// that of each of them alone (DenialCache.refunded), and a denial whose
+// call was sent before is not cached when its reply comes later. The
+// other app servers are told too (`refunded`, lib/invalidation.ts), once
+// the store has applied it. A charge keeps them: it only delays.
 //
 // Settlement calls go through the guard (deadline, breaker, no pile-up
 // behind a dead store). One that fails is logged, counted, and rejected
@@ -65,6 +65,8 @@ export interface SettleDeps {
   denials: DenialCache | undefined
   defaultTimeout: number
   logger: Logger | undefined
+  /** A refund was applied in the store: tells the caches of every app server. */
+  refunded?: (specs: readonly BucketSpec[]) => Promise<void>
   summarize: (list: readonly Policy[], reply: StoreReply, source: DecisionSource) => Decision
   failed: (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number) => Decision
 }
@@ -132,19 +134,13 @@ export function settlements (deps: SettleDeps): Settlements {
     if (spent === 'local') local.settleSync(specs, changes)
     else if (guard === undefined) memory.settleSync(specs, changes)
     else await settleInStore(guard, reservation, changes)
-    if (denials !== undefined && changes.some((c) => c < 0)) forgetDenials(denials, specs)
+    if (denials !== undefined && changes.some((c) => c < 0)) await forgetDenials(denials, specs, spent)
   }
 
-  /**
-   * Drops, in O(1) each, the cached denials a refund can make wrong: that
-   * of the reservation's own buckets and that of each bucket alone (another
-   * single-policy route naming the same bucket). DenialCache.forget would
-   * also find other sets that include a bucket, but it scans the cache:
-   * about 1.8 ms per call with 10 000 cached denials, on every refund.
-   */
-  function forgetDenials (cache: DenialCache, specs: readonly BucketSpec[]): void {
-    cache.drop(specs.map((s) => s.key).join('\n'))
-    if (specs.length > 1) for (const spec of specs) cache.drop(spec.key)
+  /** Drops the cached denials a refund can make wrong (DenialCache.refunded); of a refund in the store, every server's. */
+  async function forgetDenials (cache: DenialCache, specs: readonly BucketSpec[], spent: Spent): Promise<void> {
+    cache.refunded(specs.map((s) => s.key), performance.now())
+    if (spent === 'store') await deps.refunded?.(specs)
   }
 
   async function settleInStore (guard: Guard, reservation: Held, changes: readonly number[]): Promise<void> {

@@ -152,9 +152,11 @@ export interface LimiterOptions {
   breaker?: Partial<BreakerOptions> | undefined
   /**
    * Denies locally, without a store call, while a bucket that the store
-   * denied cannot afford the cost yet (default on, 10 000 entries).
+   * denied cannot afford the cost yet (default on, 10 000 entries), and for
+   * at most `maxAgeMs` after the call (default 1000): the longest a reset
+   * or refund made on another app server can go unseen here.
    */
-  denialCache?: { maxKeys?: number | undefined } | false | undefined
+  denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
   /** Where the store's state changes go; default: process warnings (process.emitWarning). */
   logger?: Logger | undefined
   /** OpenTelemetry metrics, off unless set. */

@@ -355,3 +355,39 @@ t.test('a route with three policies is one script call on one node', async (t) =
   t.same((await keysOn(owner, `${prefix}:*`)).sort(), ['one', 'three', 'two'].map((b) => `${prefix}:{carol}:${b}`),
     'the three buckets are on that node')
 })
+
+t.test('resets reach another Cluster client\'s cache: the subscriber is made on one node once the client knows its nodes', async (t) => {
+  const prefix = uniquePrefix()
+  const channel = `${prefix}:changes`
+  const lazy = cluster.client({ enableOfflineQueue: false, lazyConnect: true })
+  lazy.on('error', () => {})
+  t.teardown(() => lazy.disconnect())
+  t.equal(lazy.nodes('all').length, 0, 'a Cluster client not connected yet knows no node')
+  const b = createLimiter({ redis: lazy, prefix, timeout: 2000, denialCache: { maxAgeMs: 60_000 } })
+  t.teardown(() => b.close())
+  await lazy.connect()
+  const a = createLimiter({ redis: await readyClient(t), prefix, timeout: 2000 })
+  t.teardown(() => a.close())
+  /** Subscribers of the channel over every node (NUMSUB counts a node's own). */
+  const subscribed = async (): Promise<number> => {
+    let count = 0
+    for (const node of cluster.nodes) count += ((await redisCommand(node, ['PUBSUB', 'NUMSUB', channel]) as [string, number])[1])
+    return count
+  }
+  const started = performance.now()
+  while (await subscribed() < 2 && performance.now() - started < 5000) await new Promise((resolve) => setTimeout(resolve, 10))
+  t.equal(await subscribed(), 2, 'each limiter subscribes on one node, b once its client has connected')
+  const policy: Policy = { bucket: 'hourly', capacity: 1, refillPerSecond: 1 / 3600, failureMode: 'closed' }
+  t.ok((await b.consume('c', policy)).allowed)
+  t.match(await b.consume('c', policy), { allowed: false, source: 'store' })
+  t.match(await b.consume('c', policy), { allowed: false, source: 'cache' }, 'b caches the denial')
+  await a.reset('c', 'hourly')
+  let allowed = false
+  const reset = performance.now()
+  while (!allowed && performance.now() - reset < 1000) {
+    // A cached denial answers without I/O: let the loop read the subscriber's socket between tries.
+    await new Promise((resolve) => setImmediate(resolve))
+    allowed = (await b.consume('c', policy)).allowed
+  }
+  t.ok(allowed, `b asks Redis after a's reset, published on one node and passed on to the others (${(performance.now() - reset).toFixed(1)} ms)`)
+})

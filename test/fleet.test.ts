@@ -29,10 +29,12 @@
 // failureMode 'closed' with a 2 s deadline: a slow store becomes a 503
 // (under-admission), never an extra 200, and no 503 is expected.
 
+import { setTimeout as sleep } from 'node:timers/promises'
+import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
-import { drive, startFleet } from './helpers/fleet.js'
+import { drive, startFleet, type FleetServer } from './helpers/fleet.js'
 import { redisUrl } from './helpers/redis.js'
 
 const SERVERS = 4
@@ -103,4 +105,117 @@ t.test('four processes on one Redis admit what one bucket allows', async (t) => 
 
 t.test('four processes on a Redis Cluster admit what one bucket allows', async (t) => {
   await fleetShares(t, 'cluster')
+})
+
+// What one server does to a bucket is what every server sees (SPEC section
+// 10): a reset or a refund made on one app server reaches the denial cache
+// and the leases of the others. A second fleet, of two processes, on
+// buckets that refill once an hour, so that a denial cached before the
+// change would otherwise hold for the rest of the hour, or of a 10-minute
+// lockout. Its denial cache trusts a denial for up to 60 s (`maxAgeMs`,
+// checked in test/denial-cache.test.ts), so within the bound checked here
+// only the message the change sends can explain a server letting go.
+//
+// The bound, from the moment the change was applied and published (the
+// reset's answer, the settlement counted) to the other server's first
+// answer by Redis: 500 ms. A message on loopback takes well under a
+// millisecond; the rest covers the polling (one request at a time) and a
+// machine shared with other test runs. The measured time is printed.
+const CHANGE_BOUND_MS = 500
+const SMALL = 4
+const HOUR = 1 / 3600
+const LOCKOUT = { after: 2, withinMs: 60_000, forMs: 600_000 }
+const LEASE = { tokens: 3, maxAgeMs: 60_000 }
+
+/** Sends `path` to `server` one request at a time until one is not a 429; how long that took, and the 429s before it. */
+async function untilServed (server: FleetServer, path: string, headers: Record<string, string>): Promise<{ ms: number, denied: number, status: number }> {
+  const started = performance.now()
+  let denied = 0
+  for (;;) {
+    const reply = await server.get(path, headers)
+    if (reply.status !== 429 || performance.now() - started > 4 * CHANGE_BOUND_MS) return { ms: performance.now() - started, denied, status: reply.status }
+    denied++
+  }
+}
+
+async function statuses (server: FleetServer, path: string, headers: Record<string, string>, count: number): Promise<number[]> {
+  const out: number[] = []
+  for (let i = 0; i < count; i++) out.push((await server.get(path, headers)).status)
+  return out
+}
+
+async function settledOn (server: FleetServer): Promise<number> {
+  return (JSON.parse((await server.get('/settled')).body) as { settled: number }).settled
+}
+
+t.test('changes made on one server reach the others', async (t) => {
+  const changePrefix = uniquePrefix()
+  const [one, two] = await startFleet(t, 2, {
+    name: 'changes',
+    stores: {
+      single: { url },
+      cluster: { cluster: cluster.startupNodes, clusterOptions: { enableOfflineQueue: false } }
+    },
+    prefix: changePrefix,
+    bucket: 'changes',
+    capacity: SMALL,
+    refillPerSecond: HOUR,
+    failureMode: 'closed',
+    timeout: 2_000,
+    denialCache: { maxAgeMs: 60_000 },
+    lockout: LOCKOUT,
+    lease: LEASE
+  }) as [FleetServer, FleetServer]
+  const direct = { single: new Redis(url), cluster: cluster.client() }
+  t.teardown(() => { direct.single.disconnect(); direct.cluster.disconnect() })
+
+  for (const store of ['single', 'cluster'] as const) {
+    t.test(`${store}: a reset on one server ends the others' cached denials of a used-up bucket`, async (t) => {
+      const headers = { 'x-client': `${store}-reset` }
+      t.same(await statuses(two, `/${store}/hit`, headers, SMALL + 2), [...Array(SMALL).fill(200), 429, 429], 'server 2 used the bucket up, and caches the denial')
+      t.equal((await one.get(`/${store}/reset`, headers)).status, 200, 'server 1 resets it')
+      const after = await untilServed(two, `/${store}/hit`, headers)
+      t.comment(`${store}: server 2 answered ${after.status} ${after.ms.toFixed(1)} ms after the reset, after ${after.denied} 429s`)
+      t.equal(after.status, 200, 'server 2 asks Redis, which allows')
+      t.ok(after.ms <= CHANGE_BOUND_MS, `within ${CHANGE_BOUND_MS} ms (${after.ms.toFixed(1)} ms)`)
+    })
+
+    t.test(`${store}: a reset on one server (an operator unlocking a user) ends the others' cached lockout`, async (t) => {
+      const headers = { 'x-client': `${store}-locked` }
+      t.same(await statuses(two, `/${store}/locked`, headers, SMALL + LOCKOUT.after), [...Array(SMALL).fill(200), 429, 429], 'used up, then denied into a block')
+      const blocked = await two.get(`/${store}/locked`, headers)
+      t.equal(blocked.status, 429)
+      t.ok(Number(blocked.headers['retry-after']) > 590, `blocked: Retry-After ${String(blocked.headers['retry-after'])} s`)
+      t.equal((await one.get(`/${store}/reset`, { ...headers, 'x-bucket': 'changes:locked' })).status, 200, 'server 1 resets the bucket and its block')
+      const after = await untilServed(two, `/${store}/locked`, headers)
+      t.comment(`${store}: server 2 answered ${after.status} ${after.ms.toFixed(1)} ms after the reset, after ${after.denied} 429s`)
+      t.equal(after.status, 200, 'server 2 asks Redis, which allows')
+      t.ok(after.ms <= CHANGE_BOUND_MS, `within ${CHANGE_BOUND_MS} ms (${after.ms.toFixed(1)} ms)`)
+    })
+
+    t.test(`${store}: a refund on one server ends the others' cached denial it makes wrong`, async (t) => {
+      const client = `${store}-refund`
+      const key = `${changePrefix}:{${client}}:changes`
+      const settledBefore = await settledOn(one)
+      // Server 1 reserves the whole bucket and holds the request, then settles at 0: a refund of all of it.
+      const held = one.get(`/${store}/settle`, { 'x-client': client, 'x-cost': String(SMALL), 'x-actual': '0', 'x-delay': '300' })
+      while (await direct[store].exists(key) === 0) await sleep(5)
+      t.same(await statuses(two, `/${store}/hit`, { 'x-client': client }, 2), [429, 429], 'server 2: denied while the reservation stands, and cached')
+      t.equal((await held).status, 200)
+      while (await settledOn(one) === settledBefore) await sleep(1)
+      const after = await untilServed(two, `/${store}/hit`, { 'x-client': client })
+      t.comment(`${store}: server 2 answered ${after.status} ${after.ms.toFixed(1)} ms after the refund, after ${after.denied} 429s`)
+      t.equal(after.status, 200, 'server 2 asks Redis, which allows')
+      t.ok(after.ms <= CHANGE_BOUND_MS, `within ${CHANGE_BOUND_MS} ms (${after.ms.toFixed(1)} ms)`)
+    })
+
+    t.test(`${store}: a reset on one server drops the others' leases: the reset bucket admits its capacity, no more`, async (t) => {
+      const headers = { 'x-client': `${store}-leased` }
+      t.equal((await two.get(`/${store}/leased`, headers)).status, 200, `server 2 takes a lease of ${LEASE.tokens}, keeps ${LEASE.tokens - 1}`)
+      t.equal((await one.get(`/${store}/reset`, { ...headers, 'x-bucket': 'changes:leased' })).status, 200, 'server 1 resets the bucket')
+      await sleep(CHANGE_BOUND_MS)
+      const admitted = (await statuses(two, `/${store}/leased`, headers, SMALL + LEASE.tokens + 1)).filter((s) => s === 200).length
+      t.equal(admitted, SMALL, `server 2 admits the reset bucket's ${SMALL}: ${admitted} (a lease kept through the reset would add ${LEASE.tokens - 1})`)
+    })
+  }
 })

@@ -111,6 +111,27 @@ t.test('LeaseBook: usable = min(left, capacity - min(capacity, bucketLeft + refi
   t.same(book.drain(), [], 'a fully decayed lease has nothing to give back')
 })
 
+t.test('LeaseBook: after a reset, a batch whose call was sent before it is not kept', async (t) => {
+  // A lease call sent before a reset, here or on another server, took its
+  // batch from the bucket as it was; landing after the reset was learnt,
+  // it would add tokens to a full bucket.
+  let now = 1000
+  const book = new LeaseBook(10, () => now)
+  const policy = leased('api', 10, 0.001, 5, 60_000)
+  const spec = { key: 'k', capacity: 10, refillPerSecond: 0.001, cost: 1 }
+  book.add(spec, reply(5, 5, 5e9), now, 1)
+  t.ok(book.spend(policy, spec, 60_000), 'a lease of 4')
+  const sent = now
+  now += 10
+  book.forget('k')
+  t.equal(book.spend(policy, spec, 60_000), undefined, 'the reset drops it')
+  book.add(spec, reply(5, 5, 5e9), sent, 1)
+  t.equal(book.spend(policy, spec, 60_000), undefined, 'a batch from a call sent before the reset is not kept')
+  now += 1
+  book.add(spec, reply(5, 5, 5e9), now, 1)
+  t.ok(book.spend(policy, spec, 60_000), 'one sent after it is')
+})
+
 t.test('LeaseBook: a lease older than maxAgeMs is not spent; the decay is slower when the bucket was emptier', async (t) => {
   let now = 0
   const book = new LeaseBook(10, () => now)

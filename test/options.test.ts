@@ -151,8 +151,11 @@ t.test('invalid plugin options', async (t) => {
     ['lease not an object', { ...base, lease: 10 }, { name: 'lease', got: '10', expect: '{ tokens, maxAgeMs }' }],
     ['lease.tokens missing', { ...base, lease: { maxAgeMs: 100 } }, { name: 'lease.tokens', got: 'undefined' }],
     ['lease.maxAgeMs 0', { ...base, lease: { tokens: 2, maxAgeMs: 0 } }, { name: 'lease.maxAgeMs', got: '0' }],
-    ['denialCache true', { ...base, denialCache: true }, { name: 'denialCache', got: 'true', expect: 'false or an object { maxKeys }' }],
-    ['denialCache.maxKeys 0', { ...base, denialCache: { maxKeys: 0 } }, { name: 'denialCache.maxKeys', got: '0', expect: 'an integer > 0' }]
+    ['denialCache true', { ...base, denialCache: true }, { name: 'denialCache', got: 'true', expect: 'false or an object { maxKeys, maxAgeMs }' }],
+    ['denialCache.maxKeys 0', { ...base, denialCache: { maxKeys: 0 } }, { name: 'denialCache.maxKeys', got: '0', expect: 'an integer > 0' }],
+    ['denialCache.maxAgeMs 0', { ...base, denialCache: { maxAgeMs: 0 } }, { name: 'denialCache.maxAgeMs', got: '0', expect: NUMBER }],
+    ['denialCache.maxAgeMs a string', { ...base, denialCache: { maxAgeMs: '1000' } }, { name: 'denialCache.maxAgeMs', got: '"1000"', expect: NUMBER }],
+    ['denialCache.maxAgeMs Infinity', { ...base, denialCache: { maxAgeMs: Infinity } }, { name: 'denialCache.maxAgeMs', got: 'Infinity', expect: NUMBER }]
   ]
   for (const [label, options, want] of cases) {
     isOptionError(t, await registerError(options), want, label)

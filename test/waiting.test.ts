@@ -5,10 +5,13 @@
 // pool's cap and close() have a defined outcome, and in ANY window of
 // length w the admissions stay within capacity + refill x w.
 
+import { request } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
+import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import t from 'tap'
-import { createLimiter, type Decision, type Policy } from '../lib/index.js'
+import tollgate, { createLimiter, type Decision, type Policy } from '../lib/index.js'
 import { MemoryStore } from '../lib/memory-store.js'
 import type { ExtSpec } from '../lib/store.js'
 import { Waiters, type Timers } from '../lib/waiters.js'
@@ -232,4 +235,46 @@ t.test('options: maxWaitMs and maxWaiters are checked; maxWaitMs serves single-p
   await t.rejects(limiter.consume('c', [paced, { ...paced, bucket: 'b', maxWaitMs: undefined }]), { message: /`policy\[0\].maxWaitMs` must be unset in an array of policies/ })
   t.throws(() => createLimiter({ maxWaiters: 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`maxWaiters` must be an integer > 0, got 0/ })
   await t.rejects(buildApp(t, { plugin: { redis: undefined, capacity: 1, refillPerSecond: 1, maxWaiters: 1.5 } }), { message: /`maxWaiters` must be an integer > 0, got 1.5/ })
+})
+
+t.test('a listening Fastify app closes at once with requests waiting: each is answered 429', async (t) => {
+  // Fastify waits for the requests in flight before its onClose hooks run,
+  // and a waiting request is in flight; the plugin ends the waits in
+  // preClose. The bound: app.close() returns within 1000 ms, on a machine
+  // shared with other test runs; it is a few ms of work (ending the waits,
+  // writing three 429s, closing the server), against waits of minutes.
+  const CLOSE_BOUND_MS = 1000
+  const app = Fastify()
+  await app.register(tollgate, { redis: await sharedRedis(t), prefix: uniquePrefix(), capacity: 1, refillPerSecond: 1 / 60, failureMode: 'closed', timeout: 1000 })
+  app.get('/wait', { config: { rateLimit: { maxWaitMs: 600_000 } } }, async () => 'served')
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  // Ends the waits if app.close() does not, so that the test fails rather than hangs.
+  t.teardown(() => app.tollgate.limiter.close())
+  const { port } = app.server.address() as AddressInfo
+  const get = (): Promise<{ status: number, retryAfter: string | undefined }> => new Promise((resolve, reject) => {
+    request({ host: '127.0.0.1', port, path: '/wait', agent: false }, (res) => {
+      res.resume()
+      res.on('end', () => { resolve({ status: res.statusCode ?? 0, retryAfter: res.headers['retry-after'] as string | undefined }) })
+    }).on('error', reject).end()
+  })
+  t.equal((await get()).status, 200, 'the bucket\'s token')
+  const waiting = [get(), get(), get()]
+  const policy = { bucket: 'GET /wait', maxWaitMs: 600_000 }
+  // Each waiter has reserved its token: the bucket owes three a minute apart.
+  t.ok(await (async () => {
+    for (let i = 0; i < 400; i++) {
+      if ((await app.tollgate.peek('127.0.0.1', policy)).retryAfterMs > 3.5 * 60_000) return true
+      await sleep(5)
+    }
+    return false
+  })(), 'three requests are waiting, for 1, 2 and 3 minutes')
+  const started = performance.now()
+  const closed = app.close().then(() => performance.now() - started)
+  const tookMs = await Promise.race([closed, sleep(4 * CLOSE_BOUND_MS).then(() => Infinity)])
+  t.ok(tookMs <= CLOSE_BOUND_MS, `app.close() returned within ${CLOSE_BOUND_MS} ms (${tookMs === Infinity ? `still pending after ${4 * CLOSE_BOUND_MS} ms` : `${tookMs.toFixed(1)} ms`})`)
+  if (tookMs === Infinity) await app.tollgate.limiter.close()
+  const answers = await Promise.all(waiting)
+  t.same(answers.map((a) => a.status), [429, 429, 429], 'every waiting request is answered, denied')
+  t.ok(answers.every((a) => Number(a.retryAfter) >= 55), `each with the wait it had left as Retry-After (${answers.map((a) => a.retryAfter).join(', ')} s)`)
+  await closed
 })

@@ -10,8 +10,15 @@
 //                     the `x-client` header (default 'fleet'); answers the
 //                     decision's source
 //   GET /<label>/settle  the same bucket, charged by outcome: reserves the
-//                     `x-cost` header's cost, settles at the `x-actual` header's
-//                     (Fastify only)
+//                     `x-cost` header's cost, settles at the `x-actual` header's,
+//                     answers after the `x-delay` header's ms (Fastify only)
+//   GET /<label>/locked  with `lockout` configured: bucket `<bucket>:locked`
+//                     under that lockout (Fastify only)
+//   GET /<label>/leased  with `lease` configured: bucket `<bucket>:leased`
+//                     with that lease (Fastify only)
+//   GET /<label>/reset  not limited: app.tollgate.reset of the client and the
+//                     `x-bucket` header's bucket (default the configured one),
+//                     answered once it resolved (Fastify only)
 //   GET /settled      not limited; settlements this process has finished
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
@@ -81,6 +88,7 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
         failureMode: config.failureMode,
         timeout: config.timeout,
         global: false,
+        ...(config.denialCache === undefined ? {} : { denialCache: config.denialCache }),
         key: (request) => {
           const client = request.headers['x-client']
           return typeof client === 'string' ? client : 'fleet'
@@ -94,7 +102,29 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
             settle: (request) => Number(request.headers['x-actual'])
           }
         }
-      }, async (request) => ({ server: config.name, source: request.rateLimit?.source }))
+      }, async (request) => {
+        const delay = Number(request.headers['x-delay'] ?? 0)
+        if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay))
+        return { server: config.name, source: request.rateLimit?.source }
+      })
+      if (config.lockout !== undefined) {
+        scope.get('/locked', { config: { rateLimit: { bucket: `${config.bucket}:locked`, lockout: config.lockout } } }, async (request) => ({
+          server: config.name,
+          source: request.rateLimit?.source
+        }))
+      }
+      if (config.lease !== undefined) {
+        scope.get('/leased', { config: { rateLimit: { bucket: `${config.bucket}:leased`, lease: config.lease } } }, async (request) => ({
+          server: config.name,
+          source: request.rateLimit?.source
+        }))
+      }
+      scope.get('/reset', { config: { rateLimit: false } }, async (request) => {
+        const client = request.headers['x-client']
+        const bucket = request.headers['x-bucket']
+        await scope.tollgate.reset(typeof client === 'string' ? client : 'fleet', typeof bucket === 'string' ? bucket : config.bucket)
+        return { server: config.name, reset: true }
+      })
       // Runs after the plugin's own onResponse hook, so after its settlement.
       scope.addHook('onResponse', async (request) => {
         if (request.url.endsWith('/settle') && request.rateLimit?.allowed === true) settled++

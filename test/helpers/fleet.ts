@@ -43,6 +43,12 @@ export interface FleetServerConfig {
   clockSkewMs?: number
   /** the app: Fastify with the plugin (default) or Express with tollgate/express */
   framework?: 'fastify' | 'express'
+  /** the plugin's `denialCache` (default: the plugin's default) */
+  denialCache?: { maxKeys?: number, maxAgeMs?: number } | false
+  /** Fastify only: GET /<label>/locked, on bucket `<bucket>:locked`, with this lockout */
+  lockout?: { after: number, withinMs: number, forMs: number }
+  /** Fastify only: GET /<label>/leased, on bucket `<bucket>:leased`, with this lease */
+  lease?: { tokens: number, maxAgeMs: number }
 }
 
 export interface Reply {

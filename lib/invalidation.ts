@@ -1,0 +1,193 @@
+// Tells every app server of a fleet about the resets and refunds made on
+// any of them, so that no process-local cache (cached denials, leases)
+// outlives a change made elsewhere (SPEC section 10).
+//
+// How: Redis pub/sub, one channel per key prefix (`<prefix>:changes`).
+// Once Redis has applied a reset or a refund, the server that made it
+// publishes the keys it changed, through the app's client (PUBLISH is an
+// ordinary command). Each limiter listens on a connection of its own, a
+// duplicate of the app's client (of a Cluster: a duplicate of one of its
+// nodes, and of another one when that node is gone), so the app's client
+// is never put in subscriber mode, never modified and never closed.
+//
+// Why that is enough, and when it is not. PUBLISH returns once Redis has
+// written the message to the connection of every subscriber on that node
+// (a Cluster node passes it on to the others over its cluster bus), so a
+// subscribed server hears of a change within the delivery of one message.
+// But Redis keeps no message for a subscriber that is not connected: what
+// was published while the connection was down is lost. So:
+// - when a subscription starts after a connection was lost or refused,
+//   every cached denial is dropped, and a reply to a call sent before then
+//   is not cached (DenialCache.distrust); the first one at start-up, a few
+//   ms in, drops nothing (it follows no loss);
+// - whatever is missed (the connection died silently, Redis refused the
+//   subscription, a message was lost with a Cluster node), no cached denial
+//   is trusted longer than `denialCache.maxAgeMs` after its call was sent
+//   (lib/denial-cache.ts): that is the bound in every case, and the
+//   subscription makes it one message's delivery in the usual one.
+// A SUBSCRIBE or a PUBLISH that fails (refused by an ACL without pub/sub,
+// NOPERM; a publish past its deadline) is logged once, until one succeeds
+// again. A publish does not go through the guard: a Redis that refuses
+// pub/sub is not a failing store, and must not open the breaker.
+//
+// Messages: JSON, `{ "from": <id>, "reset": [key] }` or
+// `{ "from": <id>, "refund": [keys] }`. A limiter skips its own (it has
+// applied the change already) and anything it cannot read.
+//
+// The subscriber follows the app's client: once that client has ended
+// (quit or disconnect, no reconnection: 'end'), the subscriber is closed
+// too, so tollgate never keeps alive a process whose client the app let go.
+
+import { randomUUID } from 'node:crypto'
+import type { Cluster, Redis, RedisOptions } from 'ioredis'
+import { Deadlines } from './deadline.js'
+import type { Logger, RedisClient } from './types.js'
+
+type Client = Redis | Cluster
+
+/** What the limiter does with the changes it hears of; `at` is performance.now() on arrival. */
+export interface ChangeHandlers {
+  reset (key: string, at: number): void
+  refund (keys: readonly string[], at: number): void
+  /** A subscription started at `at` after a loss: changes made before may have gone unheard. */
+  resubscribed (at: number): void
+}
+
+/** The name of our connection in CLIENT LIST. */
+export const SUBSCRIBER_NAME = 'tollgate:changes'
+const RETRY_MIN_MS = 50
+const RETRY_MAX_MS = 2000
+
+/** Options of the subscriber connection over those of the client it duplicates. */
+const SUBSCRIBER: Partial<RedisOptions> = {
+  lazyConnect: false,
+  enableOfflineQueue: false,
+  // Reconnecting is done here, with a new connection (to another node of a
+  // Cluster), so that every new subscription passes through #subscribe.
+  autoResubscribe: false,
+  retryStrategy: () => null,
+  connectionName: SUBSCRIBER_NAME
+}
+
+export class Invalidations {
+  readonly #client: Client
+  readonly #channel: string
+  readonly #id = randomUUID()
+  readonly #handlers: ChangeHandlers
+  readonly #logger: Logger | undefined
+  readonly #deadlines = new Deadlines()
+  #subscriber: Redis | undefined
+  /** A connection was lost or refused since the last subscription started. */
+  #gap = false
+  #retryMs = RETRY_MIN_MS
+  #timer: NodeJS.Timeout | undefined
+  /** A SUBSCRIBE, or a PUBLISH, failed since the last success: logged once. */
+  #refused = { subscribe: false, publish: false }
+
+  constructor (client: RedisClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined) {
+    this.#client = client as Client
+    this.#channel = `${prefix}:changes`
+    this.#handlers = handlers
+    this.#logger = logger
+    if (this.#client.status === 'end') return
+    this.#client.on('end', this.#clientEnded)
+    this.#connect()
+  }
+
+  /** Tells the other servers that `key` was reset (after Redis applied it). */
+  async reset (key: string, timeoutMs: number): Promise<void> {
+    await this.#publish({ from: this.#id, reset: [key] }, timeoutMs)
+  }
+
+  /** Tells the other servers that `keys` were refunded (after Redis applied it). */
+  async refund (keys: readonly string[], timeoutMs: number): Promise<void> {
+    await this.#publish({ from: this.#id, refund: keys }, timeoutMs)
+  }
+
+  /** Closes the subscriber (never the app's client). Changes made here are still published. */
+  close (): void {
+    clearTimeout(this.#timer)
+    this.#client.off('end', this.#clientEnded)
+    this.#subscriber?.disconnect()
+    this.#subscriber = undefined
+  }
+
+  readonly #clientEnded = (): void => { this.close() }
+
+  #connect (): void {
+    const sub = this.#duplicate()
+    if (sub === undefined) return this.#retry()
+    this.#subscriber = sub
+    // Its failures are the store's, and show on the app's client and in the guard.
+    sub.on('error', () => {})
+    sub.on('message', (_channel: string, message: string) => { this.#received(message) })
+    sub.on('ready', () => { this.#subscribe(sub) })
+    sub.once('end', () => {
+      if (this.#subscriber !== sub) return
+      this.#subscriber = undefined
+      this.#gap = true
+      this.#retry()
+    })
+  }
+
+  /** A new connection: a duplicate of the client, or of one node of a Cluster (undefined when it knows none yet). */
+  #duplicate (): Redis | undefined {
+    const client = this.#client
+    if (!client.isCluster) return (client as Redis).duplicate(SUBSCRIBER)
+    const nodes = (client as Cluster).nodes('all')
+    return nodes[Math.floor(Math.random() * nodes.length)]?.duplicate(SUBSCRIBER)
+  }
+
+  #subscribe (sub: Redis): void {
+    sub.subscribe(this.#channel).then(() => {
+      if (this.#subscriber !== sub) return
+      this.#retryMs = RETRY_MIN_MS
+      this.#refused.subscribe = false
+      if (this.#gap) this.#handlers.resubscribed(performance.now())
+      this.#gap = false
+    }, (err: unknown) => {
+      if (this.#subscriber !== sub) return
+      if (!this.#refused.subscribe) {
+        this.#refused.subscribe = true
+        this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: could not subscribe to the resets and refunds of other app servers; they reach this one only when its cached denials age out (denialCache.maxAgeMs)')
+      }
+      sub.disconnect()
+    })
+  }
+
+  /** A new connection after a pause that doubles up to RETRY_MAX_MS; the timer never keeps the process alive. */
+  #retry (): void {
+    this.#timer = setTimeout(() => { this.#connect() }, this.#retryMs).unref()
+    this.#retryMs = Math.min(RETRY_MAX_MS, this.#retryMs * 2)
+  }
+
+  #received (message: string): void {
+    let parsed: unknown
+    try {
+      parsed = JSON.parse(message)
+    } catch {
+      return
+    }
+    if (typeof parsed !== 'object' || parsed === null) return
+    const { from, reset, refund } = parsed as Record<string, unknown>
+    if (from === this.#id) return
+    const at = performance.now()
+    if (isKeys(reset)) for (const key of reset) this.#handlers.reset(key, at)
+    else if (isKeys(refund)) this.#handlers.refund(refund, at)
+  }
+
+  async #publish (message: object, timeoutMs: number): Promise<void> {
+    try {
+      await this.#deadlines.wrap(this.#client.publish(this.#channel, JSON.stringify(message)), timeoutMs)
+      this.#refused.publish = false
+    } catch (err) {
+      if (this.#refused.publish) return
+      this.#refused.publish = true
+      this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: the other app servers may not have been told of a reset or refund (PUBLISH failed or missed its deadline); they see it when their cached denials age out (denialCache.maxAgeMs)')
+    }
+  }
+}
+
+function isKeys (value: unknown): value is string[] {
+  return Array.isArray(value) && value.length > 0 && value.every((key) => typeof key === 'string')
+}
