@@ -1,5 +1,8 @@
 import { LruMap } from 'toad-cache'
-import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
+import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type ReserveMark, type ReserveReply, type StoreReply } from './store.js'
+
+/** lua/settle.lua's EPOCH_LIMIT: an epoch of refunds ends before its clock passes 2^51 microseconds. */
+const EPOCH_LIMIT = 2 ** 51
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -29,12 +32,15 @@ export interface MemoryStoreOptions {
  */
 export class MemoryStore {
   readonly #fullAt: LruMap<number>
+  /** Epochs of refunds, as lua/settle.lua keeps them: [start, refunds counted, last write], us. */
+  readonly #epochs: LruMap<[number, number, number]>
   /** Lockouts, as lua/token-bucket-ext.lua keeps them: [n > 0 denials counted, or -U blocked until U; expiry, us]. */
   readonly #locks: LruMap<[number, number]>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
     this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
+    this.#epochs = new LruMap<[number, number, number]>(options.maxKeys ?? 100_000)
     this.#locks = new LruMap<[number, number]>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
@@ -72,9 +78,10 @@ export class MemoryStore {
 
   /**
    * The reserve of lua/settle.lua: the consume of decideSync, but a bucket
-   * may be in debt, up to two windows ahead (see the script's header).
+   * may be in debt, up to two windows ahead (see the script's header); when
+   * allowed, each bucket's mark for its settlement.
    */
-  reserveSync (specs: readonly BucketSpec[]): StoreReply {
+  reserveSync (specs: readonly BucketSpec[]): ReserveReply {
     const now = this.#now()
     const values: number[] = []
     let allowed = true
@@ -85,27 +92,57 @@ export class MemoryStore {
       if (over > 0) allowed = false
       values.push(over > 0 ? -Math.ceil(over) : busy)
     }
+    const marks: ReserveMark[] = []
     if (allowed) {
       for (let i = 0; i < specs.length; i++) {
         const spec = specs[i] as BucketSpec
-        values[i] = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+        const window = spec.capacity * (1e6 / spec.refillPerSecond)
+        const busy = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+        values[i] = busy
+        const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
+        this.#epochs.set(spec.key, [epoch, counted, now])
+        marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
       }
     }
-    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)) }
+    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)), marks }
   }
 
   /**
    * The settle of lua/settle.lua: moves each bucket's full-at time by its
    * change (`changes[i]`, microseconds: < 0 a refund, > 0 a charge), never
-   * past full nor more than two windows ahead. Returns each bucket's
-   * microseconds until full.
+   * past full nor more than two windows ahead; a refund is cut to what the
+   * reservation's part of the bucket still holds (`marks[i]`, from its
+   * reserve). Returns each bucket's microseconds until full.
    */
-  settleSync (specs: readonly BucketSpec[], changes: readonly number[]): number[] {
+  settleSync (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): number[] {
     const now = this.#now()
     return specs.map((spec, i) => {
-      const limit = 2 * (spec.capacity * (1e6 / spec.refillPerSecond))
-      return this.#write(spec.key, now, Math.min(limit, this.#busy(spec.key, now, limit) + (changes[i] as number)))
+      const window = spec.capacity * (1e6 / spec.refillPerSecond)
+      const limit = 2 * window
+      const busy = this.#busy(spec.key, now, limit)
+      const change = changes[i] as number
+      if (change >= 0) return this.#write(spec.key, now, Math.min(limit, busy + change))
+      const epoch = this.#epoch(spec.key, now, window)
+      const { mark, floor } = marks[i] as ReserveMark
+      const back = epoch?.[0] === (marks[i] as ReserveMark).epoch
+        ? Math.min(-change, busy, Math.max(mark - (now - epoch[0] + epoch[1]), floor - now))
+        : 0
+      if (!(back > 0)) return this.#write(spec.key, now, busy)
+      const left = this.#write(spec.key, now, busy - back)
+      const [start, counted] = epoch as [number, number]
+      this.#epochs.set(spec.key, [start, counted + Math.ceil(busy - left), now])
+      return left
     })
+  }
+
+  /** A bucket's epoch of refunds in force: [start, refunds counted]; undefined when it has ended (see lua/settle.lua). */
+  #epoch (key: string, now: number, window: number): [number, number] | undefined {
+    const entry = this.#epochs.get(key)
+    if (entry === undefined) return undefined
+    const [start, counted, last] = entry
+    if (now >= last && now < last + window && now - start + counted <= EPOCH_LIMIT) return [start, counted]
+    this.#epochs.delete(key)
+    return undefined
   }
 
   /** Microseconds until full, read as at most `limit` (a clock step back). */
@@ -189,11 +226,13 @@ export class MemoryStore {
 
   async reset (key: string): Promise<void> {
     this.#fullAt.delete(key)
+    this.#epochs.delete(key)
     this.#locks.delete(key)
   }
 
   clear (): void {
     this.#fullAt.clear()
+    this.#epochs.clear()
     this.#locks.clear()
   }
 }

@@ -10,12 +10,14 @@
 //                     the `x-client` header (default 'fleet'); answers the
 //                     decision's source
 //   GET /<label>/settle  the same bucket, charged by outcome: reserves the
-//                     `x-cost` header's cost, settles at the `x-actual` header's
-//                     (Fastify only)
+//                     `x-cost` header's cost, settles at the `x-actual` header's,
+//                     after holding the request for the `x-hold-ms` header's
+//                     milliseconds if set (Fastify only)
 //   GET /settled      not limited; settlements this process has finished
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
 import type { Server } from 'node:http'
+import { setTimeout as sleep } from 'node:timers/promises'
 import express from 'express'
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
@@ -94,7 +96,11 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
             settle: (request) => Number(request.headers['x-actual'])
           }
         }
-      }, async (request) => ({ server: config.name, source: request.rateLimit?.source }))
+      }, async (request) => {
+        const hold = Number(request.headers['x-hold-ms'] ?? 0)
+        if (hold > 0) await sleep(hold)
+        return { server: config.name, source: request.rateLimit?.source }
+      })
       // Runs after the plugin's own onResponse hook, so after its settlement.
       scope.addHook('onResponse', async (request) => {
         if (request.url.endsWith('/settle') && request.rateLimit?.allowed === true) settled++
