@@ -308,7 +308,9 @@ export class LeaseFlights {
     const spec = head.request.specs[0] as BucketSpec
     let demand = 0
     for (const waiter of queue.waiting) demand += (waiter.request.specs[0] as BucketSpec).cost
-    const most = Math.min(spec.capacity, Math.max(head.request.lease.tokens, demand))
+    // Never below the cost (lua/lease.lua's most >= least): a shadow policy's
+    // cost may exceed its capacity, and then no batch pays it.
+    const most = Math.max(spec.cost, Math.min(spec.capacity, Math.max(head.request.lease.tokens, demand)))
     const back = this.#book.release(key)
     queue.flying = true
     const sentAt = this.#book.clock()

@@ -77,9 +77,8 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
   }
   const capacity = policy.capacity as number
   storableBucket(capacity, policy.refillPerSecond as number, where)
-  if (policy.cost !== undefined && (policy.cost as number) > capacity) {
-    throw optionError(where + 'cost', policy.cost, `at most capacity (${capacity})`)
-  }
+  const checked = policy as unknown as Policy
+  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, costBound(checked))
   if (policy.failureMode === 'local' && policy.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
@@ -91,6 +90,21 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
   if (capacity * (1e6 / (policy.refillPerSecond as number)) + wait * 1000 > MAX_WINDOW_US) {
     throw optionError(where + 'maxWaitMs', wait, 'at most 2^52 µs less the time an empty bucket takes to fill')
   }
+}
+
+/**
+ * The largest cost a policy takes: its capacity. A shadow policy never
+ * refuses, so a cost above its capacity is a would-be denial there, not an
+ * error: up to 2^52 us of refill, the longest wait the scripts reply
+ * exactly (see MAX_WINDOW_US).
+ */
+export function maxCost (policy: Policy): number {
+  return policy.shadow === true ? MAX_WINDOW_US / 1e6 * policy.refillPerSecond : policy.capacity
+}
+
+/** What maxCost allows, for an error message. */
+export function costBound (policy: Policy): string {
+  return policy.shadow === true ? `at most ${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `at most capacity (${policy.capacity})`
 }
 
 /**
@@ -190,7 +204,7 @@ export function createCore (options: LimiterOptions = {}): Core {
     if (cost === undefined) return
     positiveNumber(cost, 'cost')
     for (const policy of list) {
-      if (cost > policy.capacity) throw optionError('cost', cost, `at most capacity (${policy.capacity}) of bucket "${policy.bucket}"`)
+      if (cost > maxCost(policy)) throw optionError('cost', cost, `${costBound(policy)} of bucket "${policy.bucket}"`)
     }
   }
 

@@ -128,7 +128,7 @@ function merge (base: Policy, tier: unknown): Policy | string {
   try {
     checkFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
     checkPolicy(policy, 'limit().')
-    if (policy.capacity < 1 && policy.cost === undefined) return `${bad}: a capacity of at least the route's cost (1)`
+    if (policy.capacity < 1 && policy.cost === undefined && policy.shadow !== true) return `${bad}: a capacity of at least the route's cost (1)`
   } catch (err) {
     return `${bad}: ${(err as Error).message.replace(/^tollgate: /, '')}`
   }

@@ -47,7 +47,9 @@
 -- ARGV[1]   mode: '0' peek (decide, write nothing), '1' consume, '2' consume
 --           that may wait up to reach - window microseconds
 -- ARGV[2]   window: capacity * T microseconds, T = 1e6 / refillPerSecond
--- ARGV[3]   need: cost * T microseconds (> 0, <= window)
+-- ARGV[3]   need: cost * T microseconds (> 0, <= window; above it only
+--           for a shadow policy's cost above its capacity, at most 2^52:
+--           never affordable, a denial, as in lua/token-bucket.lua)
 -- ARGV[4]   move: cost * 1e6 / refillPerSecond microseconds
 -- ARGV[5]   reach: window + maxWaitMs * 1000 microseconds (window without
 --           `maxWaitMs`): the most F is ever written ahead of now
