@@ -106,17 +106,33 @@ export class LeaseBook {
 
   /** Spends `cost` from a fresh enough lease of this bucket; undefined when there is none or it holds too little. */
   spend (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | undefined {
+    return this.#pay(policy, spec, maxAgeMs, true)
+  }
+
+  /** What `spend` would answer, spending nothing (a peek). */
+  peek (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | undefined {
+    return this.#pay(policy, spec, maxAgeMs, false)
+  }
+
+  /** The usable tokens of this bucket's lease, which the next lease call gives back first; 0 without one. */
+  usable (key: string): number {
+    const lease = this.#leases.get(key)
+    return lease === undefined ? 0 : usableOf(lease, this.clock() - lease.sentAt)
+  }
+
+  #pay (policy: Policy, spec: BucketSpec, maxAgeMs: number, spend: boolean): Decision | undefined {
     const lease = this.#leases.get(spec.key)
     if (lease === undefined) return undefined
     const age = this.clock() - lease.sentAt
     if (age >= maxAgeMs) return undefined
     const usable = usableOf(lease, age)
     if (usable < spec.cost) return undefined
-    lease.left = usable - spec.cost
+    const left = spend ? usable - spec.cost : usable
+    if (spend) lease.left = left
     return {
       allowed: true,
       limit: policy.capacity,
-      remaining: wholeTokens(Math.min(policy.capacity, bucketAtMost(lease, age) + lease.left)),
+      remaining: wholeTokens(Math.min(policy.capacity, bucketAtMost(lease, age) + left)),
       resetMs: Math.max(0, lease.fullInUs / 1000 - age),
       retryAfterMs: 0,
       source: 'cache',

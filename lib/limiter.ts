@@ -242,8 +242,9 @@ export function createCore (options: LimiterOptions = {}): Core {
     const only = list[0] as Policy
     const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
     if (cached !== undefined) return Promise.resolve(out(cached))
-    if (consume && only.lease !== undefined && list.length === 1) {
-      return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
+    if (only.lease !== undefined && list.length === 1) {
+      if (consume) return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
+      return leasedPeek(guard, only, only.lease, specs[0] as BucketSpec).then(out)
     }
     let timeout = Infinity
     for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
@@ -358,6 +359,24 @@ export function createCore (options: LimiterOptions = {}): Core {
     const request = { policy, lease, specs, timeoutMs: policy.timeout ?? defaultTimeout }
     const decision = denials?.get((specs[0] as BucketSpec).key, specs) ?? await flights.decide(request)
     return decision ?? fallback(guard, [policy], specs, true)
+  }
+
+  /**
+   * A peek of a leased policy says what a consume would do on this server:
+   * a lease that can pay the cost allows it (spending nothing); a cached
+   * denial denies it; else the store decides, on the cost less the lease's
+   * usable rest, which the consume's lease call gives back first (accepted
+   * while no other server took from the bucket since: see lua/lease.lua).
+   */
+  async function leasedPeek (guard: Guard, policy: Policy, lease: NonNullable<Policy['lease']>, spec: BucketSpec): Promise<Decision> {
+    const served = leases.peek(policy, spec, lease.maxAgeMs) ?? denials?.get(spec.key, [spec])
+    if (served !== undefined) return served
+    const rest = leases.usable(spec.key)
+    const asked = [{ ...spec, cost: Math.max(0, spec.cost - rest) }]
+    return await guard.decide(asked, false, policy.timeout ?? defaultTimeout, (reply) => {
+      const decision = summarize([policy], reply, 'store')
+      return rest === 0 ? decision : { ...decision, remaining: wholeTokens(Math.min(policy.capacity, (reply.buckets[0] as StoreReply['buckets'][number]).remaining + rest)) }
+    }, () => fallback(guard, [policy], [spec], false))
   }
 
   /** The store side of lease calls: through the guard, each reply turned into a decision. */
