@@ -4,6 +4,14 @@ import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply
 /** lua/settle.lua's EPOCH_LIMIT: an epoch of refunds ends before its clock passes 2^51 microseconds. */
 const EPOCH_LIMIT = 2 ** 51
 
+/**
+ * A lockout entry, as lua/token-bucket-ext.lua keeps it: `count` denials in
+ * the period that started at `since`, or blocked `until`; both expire at
+ * `expiry` (microseconds of the store's clock). Decisions read `since` and
+ * `until`, as the script does; the expiry only frees the entry.
+ */
+type Lock = { count: number, since: number, expiry: number } | { until: number, expiry: number }
+
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
   return Math.floor((performance.timeOrigin + performance.now()) * 1000)
@@ -34,14 +42,14 @@ export class MemoryStore {
   readonly #fullAt: LruMap<number>
   /** Epochs of refunds, as lua/settle.lua keeps them: [start, refunds counted, last write], us. */
   readonly #epochs: LruMap<[number, number, number]>
-  /** Lockouts, as lua/token-bucket-ext.lua keeps them: [n > 0 denials counted, or -U blocked until U; expiry, us]. */
-  readonly #locks: LruMap<[number, number]>
+  /** Lockouts, as lua/token-bucket-ext.lua keeps them. */
+  readonly #locks: LruMap<Lock>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
     this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
     this.#epochs = new LruMap<[number, number, number]>(options.maxKeys ?? 100_000)
-    this.#locks = new LruMap<[number, number]>(options.maxKeys ?? 100_000)
+    this.#locks = new LruMap<Lock>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
 
@@ -169,18 +177,24 @@ export class MemoryStore {
     const now = this.#now()
     const lockout = spec.lockout
     let count = 0
+    let since = now
     if (lockout !== undefined) {
+      const within = lockout.withinMs * 1000
       const lock = this.#lock(spec.key, now)
-      if (lock !== undefined && lock > 0) {
-        count = lock
-      } else if (lock !== undefined && -lock - now > 0) {
-        const most = lockout.forMs * 1000
-        let left = -lock - now
-        if (left > most) {
-          left = most
-          if (consume) this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
-        }
-        return extReply(-Math.ceil(left), 1, spec)
+      if (lock !== undefined && 'until' in lock) {
+        const blocked = this.#blocked(spec, lockout, lock.until, now, consume)
+        if (blocked !== undefined) return blocked
+      } else if (lock !== undefined) {
+        count = lock.count
+        since = lock.since
+      }
+      if (since > now) {
+        // A period that starts after now: the clock stepped back.
+        since = now
+        if (consume) this.#locks.set(spec.key, { count, since, expiry: now + (lockout.withinMs + 1) * 1000 })
+      } else if (now - since >= within) {
+        count = 0
+        since = now
       }
     }
     const step = 1e6 / spec.refillPerSecond
@@ -194,7 +208,7 @@ export class MemoryStore {
     }
     const over = busy + spec.cost * step - window
     if (over > (consume && spec.mayWait ? spec.maxWaitUs : 0)) {
-      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, now, over)
+      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, since, now, over)
       return extReply(-Math.ceil(over), 0, spec)
     }
     if (consume) {
@@ -204,23 +218,34 @@ export class MemoryStore {
     return extReply(busy, over > 0 ? Math.ceil(over) : 0, spec)
   }
 
-  /** The lockout entry of a bucket, or undefined once expired. */
-  #lock (key: string, now: number): number | undefined {
+  /** A lockout entry of a bucket, or undefined once expired. */
+  #lock (key: string, now: number): Lock | undefined {
     const entry = this.#locks.get(key)
-    if (entry === undefined || entry[1] > now) return entry?.[0]
+    if (entry === undefined || entry.expiry > now) return entry
     this.#locks.delete(key)
     return undefined
   }
 
-  /** A denial counted against a lockout: the block starts at the `after`-th. */
-  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, now: number, over: number): ExtReply {
+  /** The denial of a block still in force (read as at most forMs away: a step back); undefined once it has ended. */
+  #blocked (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, until: number, now: number, consume: boolean): ExtReply | undefined {
+    let left = until - now
+    if (left <= 0) return undefined
+    const most = lockout.forMs * 1000
+    if (left > most) {
+      left = most
+      if (consume) this.#locks.set(spec.key, { until: now + most, expiry: now + (Math.ceil(most / 1000) + 1) * 1000 })
+    }
+    return extReply(-Math.ceil(left), 1, spec)
+  }
+
+  /** A denial counted against a lockout, in the period that started at `since`: the block starts at the `after`-th. */
+  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, since: number, now: number, over: number): ExtReply {
     if (count >= lockout.after) {
       const most = lockout.forMs * 1000
-      this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+      this.#locks.set(spec.key, { until: now + most, expiry: now + (Math.ceil(most / 1000) + 1) * 1000 })
       return extReply(-most, 1, spec)
     }
-    const expiry = count === 1 ? now + lockout.withinMs * 1000 : (this.#locks.get(spec.key) as [number, number])[1]
-    this.#locks.set(spec.key, [count, expiry])
+    this.#locks.set(spec.key, { count, since, expiry: now + (Math.ceil((since + lockout.withinMs * 1000 - now) / 1000) + 1) * 1000 })
     return extReply(-Math.ceil(over), 0, spec)
   }
 
