@@ -371,7 +371,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   async function leasedPeek (guard: Guard, policy: Policy, lease: NonNullable<Policy['lease']>, spec: BucketSpec): Promise<Decision> {
     const served = leases.peek(policy, spec, lease.maxAgeMs) ?? denials?.get(spec.key, [spec])
     if (served !== undefined) return served
-    const rest = leases.usable(spec.key)
+    const rest = leases.usable(spec)
     const asked = [{ ...spec, cost: Math.max(0, spec.cost - rest) }]
     return await guard.decide(asked, false, policy.timeout ?? defaultTimeout, (reply) => {
       const decision = summarize([policy], reply, 'store')

@@ -764,3 +764,21 @@ t.test('peek on a leased policy follows its failure mode when Redis is down', as
   t.teardown(() => limiter.close())
   t.match(await limiter.peek('c', { ...leased('api', 10, 1, 5, 1000), failureMode: 'open' }), { allowed: true, source: 'fail-open' })
 })
+
+t.test('a lease taken under one plan is neither spent nor given back under another', async (t) => {
+  // A plan of 100 leases 50 tokens; the client is downgraded to a plan of
+  // 10 on the same bucket. Before, the 49 tokens of the old lease kept being
+  // spent here, 49 requests under a plan whose bucket holds 10. Now the
+  // lease is dropped: the bucket, 50 tokens short, reads as empty under the
+  // new plan, and Redis denies.
+  const { limiter, prefix } = await newLimiter(t)
+  const pro = leased('api', 100, NO_REFILL, 50, 60_000)
+  const free = leased('api', 10, NO_REFILL, 5, 60_000)
+  t.match(await limiter.consume('c', pro), { allowed: true, source: 'store', remaining: 99 }, 'pro: a lease of 50, 1 spent')
+  t.match(await limiter.peek('c', free), { allowed: false, source: 'store' }, 'free: a peek does not count the pro lease')
+  const got: Decision[] = []
+  for (let i = 0; i < 3; i++) got.push(await limiter.consume('c', free))
+  t.same(got.map((d) => [d.allowed, d.source]), [[false, 'store'], [false, 'cache'], [false, 'cache']], 'free: denied by Redis, then by the cached denial')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 100, NO_REFILL), 50, 1e-5, 'the pro lease was not given back under the free plan')
+  t.match(await limiter.consume('c', pro), { allowed: true, source: 'store' }, 'pro again: a new lease call (the old lease was dropped)')
+})
