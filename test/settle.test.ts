@@ -344,3 +344,16 @@ t.test('a refund after the bucket refilled gives nothing back twice: Redis, the 
     t.ok((await limiter.peek('ann', { ...policy, bucket: 'quick' })).remaining >= 9, `${name}: a refund within the window gives its reservation back`)
   }
 })
+
+t.test('a peek reads a bucket in debt as a route without settle does: empty, waiting for the cost only', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  const policy: Policy = { bucket: 'owed', capacity: 10, refillPerSecond: 1, failureMode: 'open' }
+  await limiter.settle(await limiter.reserve('ann', policy, 1), 20)
+  const peek = await limiter.peek('ann', policy)
+  t.match(peek, { allowed: false, remaining: 0 }, 'the peek: empty')
+  t.ok(peek.retryAfterMs > 990 && peek.retryAfterMs <= 1000, `retry after the cost's refill (${peek.retryAfterMs} ms), as a consume would be told`)
+  const reserve = await limiter.reserve('ann', policy, 1)
+  t.equal(reserve.decision.allowed, false)
+  t.ok(reserve.decision.retryAfterMs > 10_990 && reserve.decision.retryAfterMs <= 11_000, `a reserve waits out the debt of 10 too (${reserve.decision.retryAfterMs} ms)`)
+})
