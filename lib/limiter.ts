@@ -78,7 +78,7 @@ export function checkPolicy (policy: unknown, where = 'policy.'): asserts policy
   const capacity = policy.capacity as number
   storableBucket(capacity, policy.refillPerSecond as number, where)
   const checked = policy as unknown as Policy
-  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, costBound(checked))
+  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, `at most ${costBound(checked)}`)
   if (policy.failureMode === 'local' && policy.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
@@ -102,9 +102,9 @@ export function maxCost (policy: Policy): number {
   return policy.shadow === true ? MAX_WINDOW_US / 1e6 * policy.refillPerSecond : policy.capacity
 }
 
-/** What maxCost allows, for an error message. */
+/** maxCost, named for an error message: "capacity (10)". */
 export function costBound (policy: Policy): string {
-  return policy.shadow === true ? `at most ${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `at most capacity (${policy.capacity})`
+  return policy.shadow === true ? `${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `capacity (${policy.capacity})`
 }
 
 /**
@@ -204,7 +204,7 @@ export function createCore (options: LimiterOptions = {}): Core {
     if (cost === undefined) return
     positiveNumber(cost, 'cost')
     for (const policy of list) {
-      if (cost > maxCost(policy)) throw optionError('cost', cost, `${costBound(policy)} of bucket "${policy.bucket}"`)
+      if (cost > maxCost(policy)) throw optionError('cost', cost, `at most ${costBound(policy)} of bucket "${policy.bucket}"`)
     }
   }
 

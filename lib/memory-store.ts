@@ -131,13 +131,12 @@ export class MemoryStore {
       const change = changes[i] as number
       if (change >= 0) return this.#write(spec.key, now, Math.min(limit, busy + change))
       const epoch = this.#epoch(spec.key, now, window)
-      const { mark, floor } = marks[i] as ReserveMark
-      const back = epoch?.[0] === (marks[i] as ReserveMark).epoch
-        ? Math.min(-change, busy, Math.max(mark - (now - epoch[0] + epoch[1]), floor - now))
-        : 0
+      const reserved = marks[i] as ReserveMark
+      if (epoch === undefined || epoch[0] !== reserved.epoch) return this.#write(spec.key, now, busy)
+      const [start, counted] = epoch
+      const back = Math.min(-change, busy, Math.max(reserved.mark - (now - start + counted), reserved.floor - now))
       if (!(back > 0)) return this.#write(spec.key, now, busy)
       const left = this.#write(spec.key, now, busy - back)
-      const [start, counted] = epoch as [number, number]
       this.#epochs.set(spec.key, [start, counted + Math.ceil(busy - left), now])
       return left
     })

@@ -111,7 +111,7 @@ export class RequestLayer<Req> {
       let value: unknown = run(limit, 'cost', fn, request, this.#side)
       if (value instanceof Promise) value = await value
       if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > maxCost(policy)) {
-        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and ${costBound(policy).replace('at most', '<=')}, got ${describe(value)}`)
+        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and <= ${costBound(policy)}, got ${describe(value)}`)
       }
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
