@@ -31,26 +31,26 @@
 -- KEYS[2] holds one of:
 --     "-S.n"  n > 0 denials counted in the current period, the first at S,
 --             microseconds of Redis's clock; the period ends at
---             S + withinMs. The key expires a millisecond after that.
+--             S + withinMs * 1000, and the key a millisecond after it
 --     -U < 0  blocked until U, microseconds of Redis's clock; the key
 --             expires one millisecond after U
 --     n > 0   a count written by an earlier version, whose period ended
 --             when the key expired (PX withinMs at its first denial): read
 --             as n denials, the first at now - (withinMs - the key's PTTL),
 --             and written in the form above by the next denial counted
--- Periods and blocks are measured on stored times, never on expiries:
--- an expiry follows Redis's wall clock, so after a step back of an hour a
--- count would have run for an hour more (denials 1.5 s apart, withinMs
--- 1 s, blocked the client). Both are clamped as the bucket is: a period
--- read as starting after now, and a block read as more than forMs away,
--- mean the clock stepped back; they are read (and, on a consume, written
--- back) as starting now and as forMs from now. So a step back costs at most
--- one counting period (the denials counted before it and those of the
--- period that starts at the next consume count together) or one block; a
--- step forward ends them early. Denials
--- during a block are not counted; a block or period that has ended but
--- whose key has not yet expired reads as no denial counted. Nothing clears
--- a lockout but its end or a reset (which deletes both keys).
+-- Periods and blocks are measured on stored times, never on expiries: an
+-- expiry follows Redis's wall clock, so after a step back of an hour a
+-- count ran on for an hour more (denials spaced past withinMs kept
+-- counting and locked the client out). Both are clamped as the bucket is:
+-- a period read as starting after now, and a block read as more than forMs
+-- away, mean the clock stepped back; they are read (and, on a consume,
+-- written back) as starting now and as forMs from now. So a step back
+-- costs at most one counting period (the denials counted before it and
+-- those of the period that starts at the next consume count together) or
+-- one block; a step forward ends them early. Denials during a block are
+-- not counted; a block or period that has ended but whose key has not yet
+-- expired reads as no denial counted. Nothing clears a lockout but its end
+-- or a reset (which deletes both keys).
 -- Why "-S.n": it is a number to Lua's arithmetic (about -S), so a server of
 -- an earlier version, which knows only the two integer forms, reads it as
 -- a block that has ended (no denial counted) rather than failing its call
