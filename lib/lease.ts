@@ -116,17 +116,33 @@ export class LeaseBook {
 
   /** Spends `cost` from a fresh enough lease of this bucket; undefined when there is none or it holds too little. */
   spend (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | undefined {
+    return this.#pay(policy, spec, maxAgeMs, true)
+  }
+
+  /** What `spend` would answer, spending nothing (a peek). */
+  peek (policy: Policy, spec: BucketSpec, maxAgeMs: number): Decision | undefined {
+    return this.#pay(policy, spec, maxAgeMs, false)
+  }
+
+  /** The usable tokens of this bucket's lease, which the next lease call gives back first; 0 without one (or one of another plan). */
+  usable (spec: BucketSpec): number {
     const lease = this.#leases.get(spec.key)
-    if (lease === undefined) return undefined
+    return lease === undefined || !samePlan(lease.spec, spec) ? 0 : usableOf(lease, this.clock() - lease.sentAt)
+  }
+
+  #pay (policy: Policy, spec: BucketSpec, maxAgeMs: number, spend: boolean): Decision | undefined {
+    const lease = this.#leases.get(spec.key)
+    if (lease === undefined || !samePlan(lease.spec, spec)) return undefined
     const age = this.clock() - lease.sentAt
     if (age >= maxAgeMs) return undefined
     const usable = usableOf(lease, age)
     if (usable < spec.cost) return undefined
-    lease.left = usable - spec.cost
+    const left = spend ? usable - spec.cost : usable
+    if (spend) lease.left = left
     return {
       allowed: true,
       limit: policy.capacity,
-      remaining: wholeTokens(Math.min(policy.capacity, bucketAtMost(lease, age) + lease.left)),
+      remaining: wholeTokens(Math.min(policy.capacity, bucketAtMost(lease, age) + left)),
       resetMs: Math.max(0, lease.fullInUs / 1000 - age),
       retryAfterMs: 0,
       source: 'cache',
@@ -180,6 +196,17 @@ export class LeaseBook {
   #giveBack (lease: Lease): GiveBack {
     return { spec: lease.spec, tokens: usableOf(lease, this.clock() - lease.sentAt), fullAtUs: lease.fullAtUs }
   }
+}
+
+/**
+ * Whether a lease, taken for `held`, may serve a request of `spec`: the
+ * same capacity and refill. A client's plan (lib/tiers.ts) may change
+ * between the two; a lease's tokens and decay are counted in the plan it
+ * was taken under, so a lease of another plan is neither spent nor given
+ * back (its usable part comes back by refill).
+ */
+export function samePlan (held: BucketSpec, spec: BucketSpec): boolean {
+  return held.capacity === spec.capacity && held.refillPerSecond === spec.refillPerSecond
 }
 
 function leaseOf (spec: BucketSpec, reply: LeaseReply, sentAt: number, left: number): Lease {
@@ -321,8 +348,11 @@ export class LeaseFlights {
     const spec = head.request.specs[0] as BucketSpec
     let demand = 0
     for (const waiter of queue.waiting) demand += (waiter.request.specs[0] as BucketSpec).cost
-    const most = Math.min(spec.capacity, Math.max(head.request.lease.tokens, demand))
-    const back = this.#book.release(key)
+    // Never below the cost (lua/lease.lua's most >= least): a shadow policy's
+    // cost may exceed its capacity, and then no batch pays it.
+    const most = Math.max(spec.cost, Math.min(spec.capacity, Math.max(head.request.lease.tokens, demand)))
+    const held = this.#book.release(key)
+    const back = held !== undefined && samePlan(held.spec, spec) ? held : undefined
     queue.flying = true
     const sentAt = this.#book.clock()
     let raw: Promise<LeaseReply> | undefined

@@ -94,9 +94,8 @@ export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapte
   }
   const capacity = policy.capacity as number
   storableBucket(capacity, policy.refillPerSecond as number, where)
-  if (policy.cost !== undefined && (policy.cost as number) > capacity) {
-    throw optionError(where + 'cost', policy.cost, `at most capacity (${capacity})`)
-  }
+  const checked = policy as unknown as Policy
+  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, `at most ${costBound(checked)}`)
   if (policy.failureMode === 'local' && policy.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
@@ -108,6 +107,21 @@ export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapte
   if (capacity * (1e6 / (policy.refillPerSecond as number)) + wait * 1000 > MAX_WINDOW_US) {
     throw optionError(where + 'maxWaitMs', wait, 'at most 2^52 µs less the time an empty bucket takes to fill')
   }
+}
+
+/**
+ * The largest cost a policy takes: its capacity. A shadow policy never
+ * refuses, so a cost above its capacity is a would-be denial there, not an
+ * error: up to 2^52 us of refill, the longest wait the scripts reply
+ * exactly (see MAX_WINDOW_US).
+ */
+export function maxCost (policy: Policy): number {
+  return policy.shadow === true ? MAX_WINDOW_US / 1e6 * policy.refillPerSecond : policy.capacity
+}
+
+/** maxCost, named for an error message: "capacity (10)". */
+export function costBound (policy: Policy): string {
+  return policy.shadow === true ? `${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `capacity (${policy.capacity})`
 }
 
 /**
@@ -215,7 +229,7 @@ export function createCore (options: LimiterOptions = {}): Core {
     if (cost === undefined) return
     positiveNumber(cost, 'cost')
     for (const policy of list) {
-      if (cost > policy.capacity) throw optionError('cost', cost, `at most capacity (${policy.capacity}) of bucket "${policy.bucket}"`)
+      if (cost > maxCost(policy)) throw optionError('cost', cost, `at most ${costBound(policy)} of bucket "${policy.bucket}"`)
     }
   }
 
@@ -253,8 +267,9 @@ export function createCore (options: LimiterOptions = {}): Core {
     const only = list[0] as Policy
     const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
     if (cached !== undefined) return Promise.resolve(out(cached))
-    if (consume && only.lease !== undefined && list.length === 1) {
-      return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
+    if (only.lease !== undefined && list.length === 1) {
+      if (consume) return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
+      return leasedPeek(guard, only, only.lease, specs[0] as BucketSpec).then(out)
     }
     let timeout = Infinity
     for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
@@ -369,6 +384,24 @@ export function createCore (options: LimiterOptions = {}): Core {
     const request = { policy, lease, specs, timeoutMs: policy.timeout ?? defaultTimeout }
     const decision = denials?.get((specs[0] as BucketSpec).key, specs) ?? await flights.decide(request)
     return decision ?? fallback(guard, [policy], specs, true)
+  }
+
+  /**
+   * A peek of a leased policy says what a consume would do on this server:
+   * a lease that can pay the cost allows it (spending nothing); a cached
+   * denial denies it; else the store decides, on the cost less the lease's
+   * usable rest, which the consume's lease call gives back first (accepted
+   * while no other server took from the bucket since: see lua/lease.lua).
+   */
+  async function leasedPeek (guard: Guard, policy: Policy, lease: NonNullable<Policy['lease']>, spec: BucketSpec): Promise<Decision> {
+    const served = leases.peek(policy, spec, lease.maxAgeMs) ?? denials?.get(spec.key, [spec])
+    if (served !== undefined) return served
+    const rest = leases.usable(spec)
+    const asked = [{ ...spec, cost: Math.max(0, spec.cost - rest) }]
+    return await guard.decide(asked, false, policy.timeout ?? defaultTimeout, (reply) => {
+      const decision = summarize([policy], reply, 'store')
+      return rest === 0 ? decision : { ...decision, remaining: wholeTokens(Math.min(policy.capacity, (reply.buckets[0] as StoreReply['buckets'][number]).remaining + rest)) }
+    }, () => fallback(guard, [policy], [spec], false))
   }
 
   /** The store side of lease calls: through the guard, each reply turned into a decision. */

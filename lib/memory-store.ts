@@ -1,5 +1,16 @@
 import { LruMap } from 'toad-cache'
-import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
+import { bucketState, extReply, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type ReserveMark, type ReserveReply, type StoreReply } from './store.js'
+
+/** lua/settle.lua's EPOCH_LIMIT: an epoch of refunds ends before its clock passes 2^51 microseconds. */
+const EPOCH_LIMIT = 2 ** 51
+
+/**
+ * A lockout entry, as lua/token-bucket-ext.lua keeps it: `count` denials in
+ * the period that started at `since`, or blocked `until`; both expire at
+ * `expiry` (microseconds of the store's clock). Decisions read `since` and
+ * `until`, as the script does; the expiry only frees the entry.
+ */
+type Lock = { count: number, since: number, expiry: number } | { until: number, expiry: number }
 
 /** Microseconds on a monotonic clock anchored at the epoch. */
 export function monotonicMicros (): number {
@@ -29,13 +40,16 @@ export interface MemoryStoreOptions {
  */
 export class MemoryStore {
   readonly #fullAt: LruMap<number>
-  /** Lockouts, as lua/token-bucket-ext.lua keeps them: [n > 0 denials counted, or -U blocked until U; expiry, us]. */
-  readonly #locks: LruMap<[number, number]>
+  /** Epochs of refunds, as lua/settle.lua keeps them: [start, refunds counted, last write], us. */
+  readonly #epochs: LruMap<[number, number, number]>
+  /** Lockouts, as lua/token-bucket-ext.lua keeps them. */
+  readonly #locks: LruMap<Lock>
   readonly #now: () => number
 
   constructor (options: MemoryStoreOptions = {}) {
     this.#fullAt = new LruMap<number>(options.maxKeys ?? 100_000)
-    this.#locks = new LruMap<[number, number]>(options.maxKeys ?? 100_000)
+    this.#epochs = new LruMap<[number, number, number]>(options.maxKeys ?? 100_000)
+    this.#locks = new LruMap<Lock>(options.maxKeys ?? 100_000)
     this.#now = options.now ?? monotonicMicros
   }
 
@@ -72,9 +86,10 @@ export class MemoryStore {
 
   /**
    * The reserve of lua/settle.lua: the consume of decideSync, but a bucket
-   * may be in debt, up to two windows ahead (see the script's header).
+   * may be in debt, up to two windows ahead (see the script's header); when
+   * allowed, each bucket's mark for its settlement.
    */
-  reserveSync (specs: readonly BucketSpec[]): StoreReply {
+  reserveSync (specs: readonly BucketSpec[]): ReserveReply {
     const now = this.#now()
     const values: number[] = []
     let allowed = true
@@ -85,27 +100,56 @@ export class MemoryStore {
       if (over > 0) allowed = false
       values.push(over > 0 ? -Math.ceil(over) : busy)
     }
+    const marks: ReserveMark[] = []
     if (allowed) {
       for (let i = 0; i < specs.length; i++) {
         const spec = specs[i] as BucketSpec
-        values[i] = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+        const window = spec.capacity * (1e6 / spec.refillPerSecond)
+        const busy = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
+        values[i] = busy
+        const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
+        this.#epochs.set(spec.key, [epoch, counted, now])
+        marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
       }
     }
-    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)) }
+    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)), marks }
   }
 
   /**
    * The settle of lua/settle.lua: moves each bucket's full-at time by its
    * change (`changes[i]`, microseconds: < 0 a refund, > 0 a charge), never
-   * past full nor more than two windows ahead. Returns each bucket's
-   * microseconds until full.
+   * past full nor more than two windows ahead; a refund is cut to what the
+   * reservation's part of the bucket still holds (`marks[i]`, from its
+   * reserve). Returns each bucket's microseconds until full.
    */
-  settleSync (specs: readonly BucketSpec[], changes: readonly number[]): number[] {
+  settleSync (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): number[] {
     const now = this.#now()
     return specs.map((spec, i) => {
-      const limit = 2 * (spec.capacity * (1e6 / spec.refillPerSecond))
-      return this.#write(spec.key, now, Math.min(limit, this.#busy(spec.key, now, limit) + (changes[i] as number)))
+      const window = spec.capacity * (1e6 / spec.refillPerSecond)
+      const limit = 2 * window
+      const busy = this.#busy(spec.key, now, limit)
+      const change = changes[i] as number
+      if (change >= 0) return this.#write(spec.key, now, Math.min(limit, busy + change))
+      const epoch = this.#epoch(spec.key, now, window)
+      const reserved = marks[i] as ReserveMark
+      if (epoch === undefined || epoch[0] !== reserved.epoch) return this.#write(spec.key, now, busy)
+      const [start, counted] = epoch
+      const back = Math.min(-change, busy, Math.max(reserved.mark - (now - start + counted), reserved.floor - now))
+      if (!(back > 0)) return this.#write(spec.key, now, busy)
+      const left = this.#write(spec.key, now, busy - back)
+      this.#epochs.set(spec.key, [start, counted + Math.ceil(busy - left), now])
+      return left
     })
+  }
+
+  /** A bucket's epoch of refunds in force: [start, refunds counted]; undefined when it has ended (see lua/settle.lua). */
+  #epoch (key: string, now: number, window: number): [number, number] | undefined {
+    const entry = this.#epochs.get(key)
+    if (entry === undefined) return undefined
+    const [start, counted, last] = entry
+    if (now >= last && now < last + window && now - start + counted <= EPOCH_LIMIT) return [start, counted]
+    this.#epochs.delete(key)
+    return undefined
   }
 
   /** Microseconds until full, read as at most `limit` (a clock step back). */
@@ -132,18 +176,24 @@ export class MemoryStore {
     const now = this.#now()
     const lockout = spec.lockout
     let count = 0
+    let since = now
     if (lockout !== undefined) {
+      const within = lockout.withinMs * 1000
       const lock = this.#lock(spec.key, now)
-      if (lock !== undefined && lock > 0) {
-        count = lock
-      } else if (lock !== undefined && -lock - now > 0) {
-        const most = lockout.forMs * 1000
-        let left = -lock - now
-        if (left > most) {
-          left = most
-          if (consume) this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
-        }
-        return extReply(-Math.ceil(left), 1, spec)
+      if (lock !== undefined && 'until' in lock) {
+        const blocked = this.#blocked(spec, lockout, lock.until, now, consume)
+        if (blocked !== undefined) return blocked
+      } else if (lock !== undefined) {
+        count = lock.count
+        since = lock.since
+      }
+      if (since > now) {
+        // A period that starts after now: the clock stepped back.
+        since = now
+        if (consume) this.#locks.set(spec.key, { count, since, expiry: now + (lockout.withinMs + 1) * 1000 })
+      } else if (now - since >= within) {
+        count = 0
+        since = now
       }
     }
     const step = 1e6 / spec.refillPerSecond
@@ -157,7 +207,7 @@ export class MemoryStore {
     }
     const over = busy + spec.cost * step - window
     if (over > (consume && spec.mayWait ? spec.maxWaitUs : 0)) {
-      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, now, over)
+      if (lockout !== undefined && consume) return this.#denied(spec, lockout, count + 1, since, now, over)
       return extReply(-Math.ceil(over), 0, spec)
     }
     if (consume) {
@@ -167,33 +217,46 @@ export class MemoryStore {
     return extReply(busy, over > 0 ? Math.ceil(over) : 0, spec)
   }
 
-  /** The lockout entry of a bucket, or undefined once expired. */
-  #lock (key: string, now: number): number | undefined {
+  /** A lockout entry of a bucket, or undefined once expired. */
+  #lock (key: string, now: number): Lock | undefined {
     const entry = this.#locks.get(key)
-    if (entry === undefined || entry[1] > now) return entry?.[0]
+    if (entry === undefined || entry.expiry > now) return entry
     this.#locks.delete(key)
     return undefined
   }
 
-  /** A denial counted against a lockout: the block starts at the `after`-th. */
-  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, now: number, over: number): ExtReply {
+  /** The denial of a block still in force (read as at most forMs away: a step back); undefined once it has ended. */
+  #blocked (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, until: number, now: number, consume: boolean): ExtReply | undefined {
+    let left = until - now
+    if (left <= 0) return undefined
+    const most = lockout.forMs * 1000
+    if (left > most) {
+      left = most
+      if (consume) this.#locks.set(spec.key, { until: now + most, expiry: now + (Math.ceil(most / 1000) + 1) * 1000 })
+    }
+    return extReply(-Math.ceil(left), 1, spec)
+  }
+
+  /** A denial counted against a lockout, in the period that started at `since`: the block starts at the `after`-th. */
+  #denied (spec: ExtSpec, lockout: NonNullable<ExtSpec['lockout']>, count: number, since: number, now: number, over: number): ExtReply {
     if (count >= lockout.after) {
       const most = lockout.forMs * 1000
-      this.#locks.set(spec.key, [-(now + most), now + (Math.ceil(most / 1000) + 1) * 1000])
+      this.#locks.set(spec.key, { until: now + most, expiry: now + (Math.ceil(most / 1000) + 1) * 1000 })
       return extReply(-most, 1, spec)
     }
-    const expiry = count === 1 ? now + lockout.withinMs * 1000 : (this.#locks.get(spec.key) as [number, number])[1]
-    this.#locks.set(spec.key, [count, expiry])
+    this.#locks.set(spec.key, { count, since, expiry: now + (Math.ceil((since + lockout.withinMs * 1000 - now) / 1000) + 1) * 1000 })
     return extReply(-Math.ceil(over), 0, spec)
   }
 
   async reset (key: string): Promise<void> {
     this.#fullAt.delete(key)
+    this.#epochs.delete(key)
     this.#locks.delete(key)
   }
 
   clear (): void {
     this.#fullAt.clear()
+    this.#epochs.clear()
     this.#locks.clear()
   }
 }

@@ -4,7 +4,8 @@ import type { Cluster, Redis } from 'ioredis'
 import { StoreError } from './errors.js'
 import { scriptsRefused } from './outage.js'
 import {
-  bucketState, extReply, lockKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type Store, type StoreReply
+  bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
+  type ReserveReply, type Store, type StoreReply
 } from './store.js'
 import type { RedisClient as Client } from './types.js'
 
@@ -112,6 +113,13 @@ export function storeTarget (client: Client): string {
   return hostPort(host, port)
 }
 
+/** lua/settle.lua's keys: each bucket key, then its refund key. */
+function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
+  const keys: Array<string | number> = []
+  for (const spec of specs) keys.push(spec.key, refundKey(spec.key))
+  return keys
+}
+
 /**
  * Buckets in Redis, decided by lua/token-bucket.lua (leases by
  * lua/lease.lua), each call one EVALSHA.
@@ -195,26 +203,32 @@ export class RedisStore implements Store, LeaseStore {
     }
   }
 
-  /** The reserve of lua/settle.lua: a consume that reads a bucket in debt as such. */
-  async reserve (specs: readonly BucketSpec[]): Promise<StoreReply> {
+  /** The reserve of lua/settle.lua: a consume that reads a bucket in debt as such; when allowed, each bucket's mark. */
+  async reserve (specs: readonly BucketSpec[]): Promise<ReserveReply> {
     this.#ready()
-    const args: Array<string | number> = []
-    for (const spec of specs) args.push(spec.key)
+    const args: Array<string | number> = settleKeys(specs)
     args.push('1')
     for (const spec of specs) pushBucketArgs(args, spec)
-    const values = await this.#run(SETTLE, specs.length, args) as number[]
+    const values = await this.#run(SETTLE, 2 * specs.length, args) as number[]
+    const n = specs.length
     const buckets = specs.map((spec, i) => bucketState(values[i] as number, spec))
-    return { allowed: values.every((v) => v >= 0), buckets }
+    const allowed = values.length > n
+    const marks: ReserveMark[] = []
+    if (allowed) for (let i = 0; i < n; i++) marks.push({ epoch: values[n + 3 * i] as number, mark: values[n + 3 * i + 1] as number, floor: values[n + 3 * i + 2] as number })
+    return { allowed, buckets, marks }
   }
 
-  /** The settle of lua/settle.lua: each bucket's change in microseconds; replies each one's microseconds until full. */
-  async settle (specs: readonly BucketSpec[], changes: readonly number[]): Promise<number[]> {
+  /** The settle of lua/settle.lua: each bucket's change in microseconds, and its reserve's mark; replies each one's microseconds until full. */
+  async settle (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): Promise<number[]> {
     this.#ready()
-    const args: Array<string | number> = []
-    for (const spec of specs) args.push(spec.key)
+    const args: Array<string | number> = settleKeys(specs)
     args.push('2')
-    for (let i = 0; i < specs.length; i++) args.push((specs[i] as BucketSpec).capacity * (1e6 / (specs[i] as BucketSpec).refillPerSecond), changes[i] as number, 0)
-    return await this.#run(SETTLE, specs.length, args) as number[]
+    for (let i = 0; i < specs.length; i++) {
+      const spec = specs[i] as BucketSpec
+      const { epoch, mark, floor } = marks[i] as ReserveMark
+      args.push(spec.capacity * (1e6 / spec.refillPerSecond), changes[i] as number, epoch, mark, floor)
+    }
+    return await this.#run(SETTLE, 2 * specs.length, args) as number[]
   }
 
   /**
@@ -251,6 +265,6 @@ export class RedisStore implements Store, LeaseStore {
 
   async reset (key: string): Promise<void> {
     this.#ready()
-    await this.#redis.del(key, lockKey(key))
+    await this.#redis.del(key, lockKey(key), refundKey(key))
   }
 }

@@ -25,7 +25,7 @@
 import { StoreError, describe } from './errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from './keys.js'
-import { shownDecision, type Core } from './limiter.js'
+import { costBound, maxCost, shownDecision, type Core } from './limiter.js'
 import { storeTarget } from './redis-store.js'
 import type { RequestFn, RouteLimit } from './route-limit.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
@@ -111,8 +111,8 @@ export class RequestLayer<Req> {
       const policy = limit.policies[i] as Policy
       let value: unknown = run(limit, 'cost', fn, request, this.#side)
       if (value instanceof Promise) value = await value
-      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > policy.capacity) {
-        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and <= capacity (${policy.capacity}), got ${describe(value)}`)
+      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > maxCost(policy)) {
+        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and <= ${costBound(policy)}, got ${describe(value)}`)
       }
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value

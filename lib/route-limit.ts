@@ -209,7 +209,7 @@ export function toPolicy (merged: Defaults, bucket: string, where: string, hint 
 /** Checks the adapter-level defaults that are checkable before any route merges over them. */
 export function checkDefaults (defaults: Defaults, where: string): void {
   const capacity = defaults.capacity as number | undefined
-  if (typeof defaults.cost === 'number' && capacity !== undefined && defaults.cost > capacity) {
+  if (typeof defaults.cost === 'number' && capacity !== undefined && defaults.cost > capacity && defaults.shadow !== true) {
     throw optionError(where + 'cost', defaults.cost, `at most capacity (${capacity})`)
   }
   const tokens = (defaults.lease as { tokens: number } | undefined)?.tokens

@@ -8,7 +8,10 @@
 // (failureMode 'local', while Redis failed) settles in that same local
 // bucket, under the local sizes; one that spent nothing (denied, failed
 // open or closed, answered by the denial cache) settles nothing. A handle
-// settles once.
+// settles once. It also keeps what the reserve replied for each bucket (a
+// ReserveMark): the store cuts a refund to what the reservation's part of
+// the bucket still holds, so a reservation that outlived a refill does not
+// give the refilled tokens back a second time (lua/settle.lua's header).
 //
 // Why a refund forgets cached denials: a denial is cached while spending
 // by anyone can only delay the moment the bucket affords the cost; a
@@ -28,7 +31,7 @@ import { optionError } from './errors.js'
 import type { Guard } from './guard.js'
 import type { MemoryStore } from './memory-store.js'
 import type { RedisStore } from './redis-store.js'
-import type { BucketSpec, StoreReply } from './store.js'
+import type { BucketSpec, ReserveMark, StoreReply } from './store.js'
 import type { Decision, DecisionSource, Logger, Policy } from './types.js'
 
 /** A reserved cost, to be settled once with the actual cost. */
@@ -45,13 +48,16 @@ class Held implements Reservation {
   readonly specs: readonly BucketSpec[]
   readonly spent: Spent
   readonly timeoutMs: number
+  /** One per bucket where it was spent; empty when nothing was. */
+  readonly marks: readonly ReserveMark[]
   settled = false
 
-  constructor (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number) {
+  constructor (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number, marks: readonly ReserveMark[]) {
     this.decision = decision
     this.specs = specs
     this.spent = spent
     this.timeoutMs = timeoutMs
+    this.marks = marks
   }
 }
 
@@ -85,7 +91,10 @@ export function settlements (deps: SettleDeps): Settlements {
   function reserve (list: readonly Policy[], specs: readonly BucketSpec[]): Promise<Reservation> {
     let timeoutMs = Infinity
     for (const policy of list) timeoutMs = Math.min(timeoutMs, policy.timeout ?? defaultTimeout)
-    if (guard === undefined) return Promise.resolve(held(deps.summarize(list, memory.reserveSync(specs), 'store'), specs, 'store', timeoutMs))
+    if (guard === undefined) {
+      const reply = memory.reserveSync(specs)
+      return Promise.resolve(held(deps.summarize(list, reply, 'store'), specs, 'store', timeoutMs, reply.marks))
+    }
     const id = specs.map((s) => s.key).join('\n')
     const cached = denials?.get(id, specs)
     if (cached !== undefined) return Promise.resolve(held(cached, specs, undefined, timeoutMs))
@@ -93,7 +102,7 @@ export function settlements (deps: SettleDeps): Settlements {
     return guard.run(() => (redis as RedisStore).reserve(specs), timeoutMs, specs).then((reply) => {
       const decision = deps.summarize(list, reply, 'store')
       if (!decision.allowed) denials?.set(id, specs, decision, sentAt)
-      return held(decision, specs, 'store', timeoutMs)
+      return held(decision, specs, 'store', timeoutMs, reply.marks)
     }, () => fallback(guard, list, specs, timeoutMs))
   }
 
@@ -115,11 +124,12 @@ export function settlements (deps: SettleDeps): Settlements {
       return held(deps.failed(list, 'fail-open', 0), specs, undefined, timeoutMs)
     }
     guard.fellBack('local')
-    return held(deps.summarize(localList, local.reserveSync(localSpecs), 'local'), localSpecs, 'local', timeoutMs)
+    const reply = local.reserveSync(localSpecs)
+    return held(deps.summarize(localList, reply, 'local'), localSpecs, 'local', timeoutMs, reply.marks)
   }
 
-  function held (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number): Held {
-    return new Held(decision, specs, decision.allowed ? spent : undefined, timeoutMs)
+  function held (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number, marks: readonly ReserveMark[] = []): Held {
+    return new Held(decision, specs, decision.allowed ? spent : undefined, timeoutMs, marks)
   }
 
   async function settle (reservation: Reservation, actual: number): Promise<void> {
@@ -131,8 +141,9 @@ export function settlements (deps: SettleDeps): Settlements {
     if (spent === undefined) return
     const changes = specs.map((s) => (actual - s.cost) * 1e6 / s.refillPerSecond)
     if (changes.every((c) => c === 0)) return
-    if (spent === 'local') local.settleSync(specs, changes)
-    else if (guard === undefined) memory.settleSync(specs, changes)
+    const { marks } = reservation
+    if (spent === 'local') local.settleSync(specs, changes, marks)
+    else if (guard === undefined) memory.settleSync(specs, changes, marks)
     else await settleInStore(guard, reservation, changes)
     if (denials !== undefined && changes.some((c) => c < 0)) await forgetDenials(denials, specs, spent)
   }
@@ -144,9 +155,9 @@ export function settlements (deps: SettleDeps): Settlements {
   }
 
   async function settleInStore (guard: Guard, reservation: Held, changes: readonly number[]): Promise<void> {
-    const { specs } = reservation
+    const { specs, marks } = reservation
     try {
-      await guard.run(() => (redis as RedisStore).settle(specs, changes), reservation.timeoutMs, specs)
+      await guard.run(() => (redis as RedisStore).settle(specs, changes, marks), reservation.timeoutMs, specs)
     } catch (err) {
       failures++
       deps.logger?.warn({ err, keys: specs.map((s) => s.key) }, 'rate limit settlement failed; the reservation stands as charged')

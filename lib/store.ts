@@ -23,6 +23,25 @@ export interface StoreReply {
 }
 
 /**
+ * What a reserve left in one bucket, to be sent back with its settlement:
+ * lua/settle.lua cuts the refund to what the reservation's part of the
+ * bucket still holds (read its header).
+ */
+export interface ReserveMark {
+  /** The epoch of refunds the reserve ran in: its start, microseconds of the store's clock. */
+  epoch: number
+  /** The bucket's full-at time after the reserve, on the epoch's clock, microseconds. */
+  mark: number
+  /** The time the reservation's own cost would have refilled by, microseconds of the store's clock (whole). */
+  floor: number
+}
+
+/** A reserve's reply: the decision, and when it was allowed, one mark per bucket. */
+export interface ReserveReply extends StoreReply {
+  marks: ReserveMark[]
+}
+
+/**
  * A bucket's state from the script's reply value (see lua/token-bucket.lua):
  * >= 0, the microseconds until full of a bucket that could afford its cost;
  * < 0, minus the microseconds until it can.
@@ -76,6 +95,11 @@ export interface ExtReply {
   delayUs: number
   /** Denied by a lockout: blocked, or this denial started the block. */
   locked: boolean
+}
+
+/** The refund key of a bucket key, kept by lua/settle.lua (same hash tag, so the same Cluster slot). */
+export function refundKey (key: string): string {
+  return `${key}!settle`
 }
 
 /** The lockout key of a bucket key (same hash tag, so the same Cluster slot). */

@@ -11,7 +11,9 @@
 // against the smaller plan, and a time longer than the new plan's window
 // reads as an empty bucket (the scripts' clamp), so a downgrade never locks
 // a client out for longer than one window of its new plan (two on a route
-// that settles, where the rest is debt: lua/settle.lua).
+// that settles, where the rest is debt: lua/settle.lua). A lease of this
+// server taken under the old plan is not spent under the new one: its
+// tokens count in the old plan's units (lib/lease.ts, samePlan).
 //
 // Why a cache per returned object: plans are usually a few objects made
 // once (`PLANS[user.plan]`), or objects an app caches after looking them up
@@ -128,7 +130,7 @@ function merge (base: Policy, tier: unknown): Policy | string {
   try {
     checkFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
     checkPolicy(policy, 'limit().')
-    if (policy.capacity < 1 && policy.cost === undefined) return `${bad}: a capacity of at least the route's cost (1)`
+    if (policy.capacity < 1 && policy.cost === undefined && policy.shadow !== true) return `${bad}: a capacity of at least the route's cost (1)`
   } catch (err) {
     return `${bad}: ${(err as Error).message.replace(/^tollgate: /, '')}`
   }

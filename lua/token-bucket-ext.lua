@@ -28,26 +28,42 @@
 -- Lockouts: KEYS[2] counts the bucket's denials (consumes only); after
 -- `after` of them within `withinMs` of the first, the client is blocked
 -- for `forMs`: every call is denied until then, and says how long is left.
--- KEYS[2] holds one integer:
---     n > 0   denials counted in the current period; the key expires when
---             the period ends (PX withinMs, set at its first denial; INCR
---             keeps the expiry)
+-- KEYS[2] holds one of:
+--     "-S.n"  n > 0 denials counted in the current period, the first at S,
+--             microseconds of Redis's clock; the period ends at
+--             S + withinMs * 1000, and the key a millisecond after it
 --     -U < 0  blocked until U, microseconds of Redis's clock; the key
 --             expires one millisecond after U
--- A block read as more than forMs away means the clock stepped back: it is
--- read (and, on a consume, written back) as forMs from now, as the bucket
--- is clamped. Denials during a block are not counted; a block that has
--- ended but whose key has not yet expired reads as no denial counted.
--- Nothing clears a lockout but its end or a reset (which deletes both
--- keys). A period of the count is measured by Redis's expiry (its
--- millisecond clock), a block by TIME: both are Redis's clock.
+--     n > 0   a count written by an earlier version, whose period ended
+--             when the key expired (PX withinMs at its first denial): read
+--             as n denials, the first at now - (withinMs - the key's PTTL),
+--             and written in the form above by the next denial counted
+-- Periods and blocks are measured on stored times, never on expiries: an
+-- expiry follows Redis's wall clock, so after a step back of an hour a
+-- count ran on for an hour more (denials spaced past withinMs kept
+-- counting and locked the client out). Both are clamped as the bucket is:
+-- a period read as starting after now, and a block read as more than forMs
+-- away, mean the clock stepped back; they are read (and, on a consume,
+-- written back) as starting now and as forMs from now. So a step back
+-- costs at most one counting period (the denials counted before it and
+-- those of the period that starts at the next consume count together) or
+-- one block; a step forward ends them early. Denials during a block are
+-- not counted; a block or period that has ended but whose key has not yet
+-- expired reads as no denial counted. Nothing clears a lockout but its end
+-- or a reset (which deletes both keys).
+-- Why "-S.n": it is a number to Lua's arithmetic (about -S), so a server of
+-- an earlier version, which knows only the two integer forms, reads it as
+-- a block that has ended (no denial counted) rather than failing its call
+-- during a rolling upgrade; this script tells it from a block by its dot.
 --
 -- KEYS[1]   bucket key
 -- KEYS[2]   lockout key (the bucket key plus '!lockout'; unused without a lockout)
 -- ARGV[1]   mode: '0' peek (decide, write nothing), '1' consume, '2' consume
 --           that may wait up to reach - window microseconds
 -- ARGV[2]   window: capacity * T microseconds, T = 1e6 / refillPerSecond
--- ARGV[3]   need: cost * T microseconds (> 0, <= window)
+-- ARGV[3]   need: cost * T microseconds (> 0, <= window; above it only
+--           for a shadow policy's cost above its capacity, at most 2^52:
+--           never affordable, a denial, as in lua/token-bucket.lua)
 -- ARGV[4]   move: cost * 1e6 / refillPerSecond microseconds
 -- ARGV[5]   reach: window + maxWaitMs * 1000 microseconds (window without
 --           `maxWaitMs`): the most F is ever written ahead of now
@@ -77,24 +93,43 @@ local reach = ARGV[5] + 0
 local after = ARGV[6] + 0
 local count = 0
 
+local within = ARGV[7] * 1000
+local since = now
+
 if after > 0 then
   local lock = redis.call('GET', KEYS[2])
   if lock then
-    lock = lock + 0
-    if lock > 0 then
-      count = lock
+    local first, n = string.match(lock, '^%-(%d+)%.(%d+)$')
+    if first then
+      count = n + 0
+      since = first + 0
     else
-      local left = -lock - now
-      if left > 0 then
-        local most = ARGV[8] + 0
-        if left > most then
-          left = most
-          if mode ~= '0' then
-            redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
+      lock = lock + 0
+      if lock > 0 then
+        count = lock
+        since = now - within + redis.call('PTTL', KEYS[2]) * 1000
+      else
+        local left = -lock - now
+        if left > 0 then
+          local most = ARGV[8] + 0
+          if left > most then
+            left = most
+            if mode ~= '0' then
+              redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
+            end
           end
+          return { -math.ceil(left), 1 }
         end
-        return { -math.ceil(left), 1 }
       end
+    end
+    if since > now then
+      since = now
+      if mode ~= '0' then
+        redis.call('PSETEX', KEYS[2], ARGV[7] + 1, string.format('-%d.%d', now, count))
+      end
+    elseif now - since >= within then
+      count = 0
+      since = now
     end
   end
 end
@@ -122,11 +157,7 @@ if over > slack then
       redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
       return { -most, 1 }
     end
-    if count == 1 then
-      redis.call('PSETEX', KEYS[2], ARGV[7], 1)
-    else
-      redis.call('INCR', KEYS[2])
-    end
+    redis.call('PSETEX', KEYS[2], math.ceil((since + within - now) / 1000) + 1, string.format('-%d.%d', since, count))
   end
   return { -math.ceil(over), 0 }
 end

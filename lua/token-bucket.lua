@@ -36,7 +36,10 @@
 -- ARGV[3i-1]   window of policy i: capacity * T, the microseconds an empty
 --              bucket takes to fill, with T = 1e6 / refillPerSecond
 -- ARGV[3i]     need of policy i: cost * T, the microseconds of refill its
---              cost is worth (> 0, <= window)
+--              cost is worth (> 0, <= window; above it only for a shadow
+--              policy's cost above its capacity, at most 2^52: never
+--              affordable, so the reply is < 0, minus the time until full
+--              plus need - window)
 -- ARGV[3i+1]   move of policy i: cost * 1e6 / refillPerSecond, how far
 --              spending moves F (the need, rounded as lib has always
 --              rounded the spend)

@@ -754,3 +754,52 @@ t.test('a lease reply after its deadline is given back', async (t) => {
   proxy.delayMs = 0
   near(t, left, 100, 1e-5, 'all 50 come back: no request spent any of them')
 })
+
+t.test('peek on a leased policy says what consume would do on this server', async (t) => {
+  const { limiter, prefix } = await newLimiter(t)
+  const policy = leased('api', 10, NO_REFILL, 10, 60_000)
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'store', remaining: 9 }, 'a batch of all 10 taken, 1 spent: Redis holds none')
+  const before = await scriptCalls(admin)
+  // Before, the peek asked Redis alone: denied, 0 left, while the next consume was allowed from the lease.
+  t.match(await limiter.peek('c', policy), { allowed: true, source: 'cache', remaining: 9, retryAfterMs: 0 }, 'the lease can pay: allowed, from the lease')
+  t.equal(await scriptCalls(admin) - before, 0, 'without a call')
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'cache', remaining: 8 }, 'the peek spent nothing')
+
+  // A cost the lease cannot pay: the consume gives the lease's rest back
+  // first, and Redis decides the rest of the cost; so does the peek.
+  const half = leased('half', 10, NO_REFILL, 8, 60_000)
+  for (let i = 0; i < 7; i++) await limiter.consume('d', half)
+  near(t, await bucketTokens(`${prefix}:{d}:half`, 10, NO_REFILL), 2, 1e-5, 'Redis holds 2, the lease 1')
+  const costly = { ...half, cost: 3 }
+  t.match(await limiter.peek('d', costly), { allowed: true, source: 'store', remaining: 3 }, 'cost 3: the lease\'s 1 given back and Redis\'s 2; 3 in all')
+  t.match(await limiter.consume('d', costly), { allowed: true, source: 'store' }, 'and the consume is allowed')
+  t.match(await limiter.peek('d', { ...half, cost: 10 }), { allowed: false, source: 'store' }, 'cost 10: more than Redis and the lease hold, denied')
+  t.match(await limiter.consume('d', { ...half, cost: 10 }), { allowed: false }, 'as the consume is')
+  t.match(await limiter.peek('d', { ...half, cost: 10 }), { allowed: false, source: 'cache' }, 'and once the consume\'s denial is cached, the peek answers from it')
+})
+
+t.test('peek on a leased policy follows its failure mode when Redis is down', async (t) => {
+  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  t.teardown(() => { redis.disconnect() })
+  const limiter = createLimiter({ redis, prefix: `lease${++prefixes}` })
+  t.teardown(() => limiter.close())
+  t.match(await limiter.peek('c', { ...leased('api', 10, 1, 5, 1000), failureMode: 'open' }), { allowed: true, source: 'fail-open' })
+})
+
+t.test('a lease taken under one plan is neither spent nor given back under another', async (t) => {
+  // A plan of 100 leases 50 tokens; the client is downgraded to a plan of
+  // 10 on the same bucket. Before, the 49 tokens of the old lease kept being
+  // spent here, 49 requests under a plan whose bucket holds 10. Now the
+  // lease is dropped: the bucket, 50 tokens short, reads as empty under the
+  // new plan, and Redis denies.
+  const { limiter, prefix } = await newLimiter(t)
+  const pro = leased('api', 100, NO_REFILL, 50, 60_000)
+  const free = leased('api', 10, NO_REFILL, 5, 60_000)
+  t.match(await limiter.consume('c', pro), { allowed: true, source: 'store', remaining: 99 }, 'pro: a lease of 50, 1 spent')
+  t.match(await limiter.peek('c', free), { allowed: false, source: 'store' }, 'free: a peek does not count the pro lease')
+  const got: Decision[] = []
+  for (let i = 0; i < 3; i++) got.push(await limiter.consume('c', free))
+  t.same(got.map((d) => [d.allowed, d.source]), [[false, 'store'], [false, 'cache'], [false, 'cache']], 'free: denied by Redis, then by the cached denial')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 100, NO_REFILL), 50, 1e-5, 'the pro lease was not given back under the free plan')
+  t.match(await limiter.consume('c', pro), { allowed: true, source: 'store' }, 'pro again: a new lease call (the old lease was dropped)')
+})

@@ -164,3 +164,65 @@ t.test('options: lockout is checked, and serves single-policy checks only', asyn
   await t.rejects(buildApp(t, { plugin: { redis: undefined, capacity: 1, refillPerSecond: 1, lockout: { after: 1, withinMs: 1, forMs: 1 } }, routes (app) { app.get('/two', { config: { rateLimit: [{}, { bucket: 'b' }] } }, async () => 'ok') } }),
     { message: /rateLimit\[0\].lockout` must be unset in an array of policies/ })
 })
+
+t.test('a step back of Redis\'s clock costs at most one counting period: denials spaced past withinMs do not lock out after it', async (t) => {
+  // The state a step back of an hour leaves: the count of one denial whose
+  // period (withinMs 200) now ends an hour later, in either encoding: the
+  // earlier version's (a bare count, its period the key's expiry) and this
+  // one's (the first denial's time, an hour ahead). Before, the count ran
+  // on for the hour: three denials 300 ms apart started a block of 60 s.
+  const HOUR_US = 3600e6
+  const policy: Policy = { ...login, lockout: { after: 3, withinMs: 200, forMs: 60_000 } }
+  for (const [name, write] of [
+    ['a count of the earlier encoding', async (key: string) => { await admin.set(key, '1', 'PX', 3600e3 + 200) }],
+    ['a count of this encoding', async (key: string) => { await admin.set(key, `-${await redisMicros(admin) + HOUR_US}.1`, 'PX', 3600e3 + 200) }]
+  ] as const) {
+    const prefix = `lock${++prefixes}`
+    const limiter = createLimiter({ redis: await connect(t), prefix, timeout: 1000 })
+    t.teardown(() => limiter.close())
+    t.equal((await limiter.consume('alice', policy)).allowed, true, `${name}: the bucket's one token`)
+    await write(lockKey(`${prefix}:{alice}:login`))
+    const got: Decision[] = []
+    for (let i = 0; i < 3; i++) {
+      if (i > 0) await sleep(300)
+      got.push(await limiter.consume('alice', policy))
+    }
+    t.same(shape(got), [[false, false], [false, false], [false, false]], `${name}: three denials 300 ms apart, none locked out (the first counts with the one before the step)`)
+  }
+})
+
+t.test('a count stored by the earlier encoding is read, its period from the key\'s expiry, and rewritten in the new one', async (t) => {
+  const prefix = `lock${++prefixes}`
+  const limiter = createLimiter({ redis: await connect(t), prefix, timeout: 1000 })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { ...login, lockout: { after: 3, withinMs: 60_000, forMs: 60_000 } }
+  const key = lockKey(`${prefix}:{alice}:login`)
+  await limiter.consume('alice', policy)
+  await admin.set(key, '1', 'PX', 50_000) // one denial, 10 s ago
+  const before = await redisMicros(admin)
+  t.same(shape([await limiter.consume('alice', policy)]), [[false, false]], 'the second denial')
+  const stored = String(await admin.get(key))
+  const [, first, count] = /^-(\d+)\.(\d+)$/.exec(stored) ?? []
+  t.equal(count, '2', `now two denials, in the new form (${stored})`)
+  const age = before - Number(first)
+  t.ok(age >= 10e6 - 5e3 && age <= 10e6 + 50e3, `the first 10 s before (${age} us), read from the expiry`)
+  t.same(shape([await limiter.consume('alice', policy)]), [[false, true]], 'the third starts the block')
+  // What an earlier version's script does with the new form: `lock + 0` is a
+  // number <= 0 that is no block in force, so it counts no denial and fails nothing.
+  const read = await admin.eval("local lock = ARGV[1] + 0; return { lock <= 0 and 1 or 0, -lock - tonumber(ARGV[2]) <= 0 and 1 or 0 }", 0, `-${before - 1}.2`, String(before)) as number[]
+  t.same(read, [1, 1], 'an earlier version reads the new form as a block that has ended')
+})
+
+t.test('the in-process store: a count whose period starts after now (a step back) restarts its period now, and is written back', async (t) => {
+  let clock = 1e15
+  const memory = new MemoryStore({ now: () => clock })
+  const spec: ExtSpec = { key: 'k', capacity: 1, refillPerSecond: 1e-6, cost: 1, maxWaitUs: 0, mayWait: false, lockout: { after: 3, withinMs: 200, forMs: 60_000 } }
+  const locked = (): boolean => memory.decideExtSync(spec, true).locked
+  t.same([memory.decideExtSync(spec, true).allowed, locked()], [true, false], 'the token, then a first denial')
+  clock -= 3600e6
+  t.equal(memory.decideExtSync(spec, false).locked, false, 'a peek after the step writes nothing')
+  t.equal(locked(), false, 'the second denial, in a period that starts now')
+  clock += 300e3
+  t.same([locked(), locked()], [false, false], '300 ms later: a new count (1, then 2)')
+  t.equal(locked(), true, 'and its third denial within 200 ms starts the block')
+})

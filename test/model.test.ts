@@ -271,7 +271,10 @@ t.test('the extended script (reservations, lockouts) decides like the reference,
   const cases = [
     { name: 'reservations: capacity 3, 200/s, maxWait 20 ms', shape: { capacity: 3, refillPerSecond: 200 }, maxWaitUs: 20_000, costs: [1, 2], lockout: undefined, maxSleepMs: 15 },
     { name: 'lockout: capacity 2, 100/s, 3 denials then 30 ms', shape: { capacity: 2, refillPerSecond: 100 }, maxWaitUs: 0, costs: [1, 1.5], lockout: { after: 3, withinMs: 600_000, forMs: 30 }, maxSleepMs: 25 },
-    { name: 'both: capacity 1, 60/s, maxWait 40 ms, 2 denials then 20 ms', shape: { capacity: 1, refillPerSecond: 60 }, maxWaitUs: 40_000, costs: [1, 0.5], lockout: { after: 2, withinMs: 600_000, forMs: 20 }, maxSleepMs: 20 }
+    { name: 'both: capacity 1, 60/s, maxWait 40 ms, 2 denials then 20 ms', shape: { capacity: 1, refillPerSecond: 60 }, maxWaitUs: 40_000, costs: [1, 0.5], lockout: { after: 2, withinMs: 600_000, forMs: 20 }, maxSleepMs: 20 },
+    // Denials spaced around the counting period: some counts end before
+    // the third denial, others lock out.
+    { name: 'lockout periods: capacity 1, 20/s, 3 denials within 12 ms then 20 ms', shape: { capacity: 1, refillPerSecond: 20 }, maxWaitUs: 0, costs: [1], lockout: { after: 3, withinMs: 12, forMs: 20 }, maxSleepMs: 25 }
   ]
   const ext = new ClockedExtRunner(redis)
   for (const [index, c] of cases.entries()) {
@@ -319,5 +322,6 @@ t.test('the extended script (reservations, lockouts) decides like the reference,
     t.ok(seen.allowed >= 10 && seen.denied >= 10, `${c.name}: both sides seen`)
     if (c.maxWaitUs > 0) t.ok(seen.waited >= 5, `${c.name}: reservations seen`)
     if (c.lockout !== undefined) t.ok(seen.locked >= 5, `${c.name}: lockouts seen`)
+    if (c.lockout !== undefined && c.lockout.withinMs < 1000) t.ok(model.lapsed >= 5, `${c.name}: counts that ended with their period (${model.lapsed})`)
   }
 })

@@ -5,14 +5,18 @@
 // one bucket in one Redis.
 //
 // What must hold:
-// - The final state equals the model's. The bucket starts full at the
-//   first request and, drained far faster than it refills, is never full
-//   again nor down to -capacity; so its full-at time is the first
-//   request's clock plus the sum of every admitted request's actual cost,
-//   in microseconds of refill, whatever the order of the reserves and
-//   settlements (each is one atomic call). Tolerance: the first request's
-//   clock is known between two Redis TIME readings around it, and each
-//   write rounds the full-at time up by less than 1 us.
+// - The final state equals the model's. The first request reserves and
+//   settles the whole capacity, so the bucket is empty from there on;
+//   drained far faster than it refills, it is never full again nor down to
+//   -capacity, and every refund is given in full: a reservation's part of
+//   the bucket lies a whole window's refill, less the few reservations in
+//   flight, below the bucket's top (lua/settle.lua cuts only refunds whose
+//   part has refilled). So its full-at time is the first request's clock
+//   plus the sum of every admitted request's actual cost, in microseconds
+//   of refill, whatever the order of the reserves and settlements (each is
+//   one atomic call). Tolerance: the first request's clock is known between
+//   two Redis TIME readings around it, and each write rounds the full-at
+//   time up by less than 1 us.
 // - No window admits more settled cost than capacity + refill x window,
 //   plus the debt the bucket may still hold at the window's end: extra
 //   charges settle after the response, so the requests still settling
@@ -30,8 +34,8 @@ import { redisUrl } from './helpers/redis.js'
 const SERVERS = 4
 const PER_SERVER = 2
 const WORKERS = SERVERS * PER_SERVER
-const CAPACITY = 20
-const REFILL = 10
+const CAPACITY = 200
+const REFILL = 100
 const T_US = 1e6 / REFILL
 const MAX_EXTRA = 2
 /** How long requests are sent, ms: long enough for the refill to matter. */
@@ -85,7 +89,7 @@ async function settledCount (): Promise<number> {
 t.test('four processes reserving and settling on one bucket end in the model\'s state, within the bound', async (t) => {
   for (const server of servers) await server.get('/clock')
   const before = await redisNow()
-  const first = await send(0, 1, 1)
+  const first = await send(0, CAPACITY, CAPACITY)
   const after = await redisNow()
   t.equal(first.reply.status, 200)
 

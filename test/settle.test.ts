@@ -309,3 +309,51 @@ t.test('routes the plugin did not see settle too: a route declared before it, an
   for (let i = 0; i < 5; i++) t.equal((await app.inject(`/missing/${i}`)).statusCode, 404)
   t.equal(await left('404', 3), 3, '404s settle with the notFound policy\'s settle')
 })
+
+t.test('a refund after the bucket refilled gives nothing back twice: Redis, the in-process store, the local fallback', async (t) => {
+  // A bucket of 10 at 100/s refills in 100 ms. A reservation of 10, held
+  // 150 ms, is refunded after the refilled bucket was spent again: the
+  // bucket would hold nothing more had the reservation been charged 0 from
+  // the start, so the refund gives nothing (before: all 10, on top of the
+  // 10 just spent). Tolerance: what the bucket refills between the second
+  // reserve and the peek, 1 token per 10 ms of a busy machine.
+  const port = await freePort()
+  const dead = new Redis(port, { lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
+  dead.on('error', () => {})
+  t.teardown(() => dead.disconnect())
+  const fast = { capacity: 10, refillPerSecond: 100 }
+  const stores = [
+    { name: 'Redis', redis: await sharedRedis(t), policy: { bucket: 'refill', ...fast, failureMode: 'closed' } satisfies Policy },
+    { name: 'the in-process store', redis: undefined, policy: { bucket: 'refill', ...fast, failureMode: 'closed' } satisfies Policy },
+    { name: 'the local fallback', redis: dead, policy: { bucket: 'refill', capacity: 100, refillPerSecond: 1, failureMode: 'local', local: fast } satisfies Policy }
+  ]
+  for (const { name, redis, policy } of stores) {
+    const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 1000 })
+    t.teardown(() => limiter.close())
+    const held = await limiter.reserve('ann', policy, 10)
+    t.equal(held.decision.allowed, true, `${name}: the bucket reserved whole`)
+    await sleep(150)
+    const spent = await limiter.reserve('ann', policy, 10)
+    t.equal(spent.decision.allowed, true, `${name}: refilled, and reserved whole again`)
+    await limiter.settle(spent, 10)
+    await limiter.settle(held, 0)
+    const after = await limiter.peek('ann', policy)
+    t.ok(after.remaining <= 3, `${name}: the late refund gave nothing back (${after.remaining} tokens left, refill of the last ms)`)
+    const quick = await limiter.reserve('ann', { ...policy, bucket: 'quick' }, 10)
+    await limiter.settle(quick, 0)
+    t.ok((await limiter.peek('ann', { ...policy, bucket: 'quick' })).remaining >= 9, `${name}: a refund within the window gives its reservation back`)
+  }
+})
+
+t.test('a peek reads a bucket in debt as a route without settle does: empty, waiting for the cost only', async (t) => {
+  const limiter = createLimiter()
+  t.teardown(() => limiter.close())
+  const policy: Policy = { bucket: 'owed', capacity: 10, refillPerSecond: 1, failureMode: 'open' }
+  await limiter.settle(await limiter.reserve('ann', policy, 1), 20)
+  const peek = await limiter.peek('ann', policy)
+  t.match(peek, { allowed: false, remaining: 0 }, 'the peek: empty')
+  t.ok(peek.retryAfterMs > 990 && peek.retryAfterMs <= 1000, `retry after the cost's refill (${peek.retryAfterMs} ms), as a consume would be told`)
+  const reserve = await limiter.reserve('ann', policy, 1)
+  t.equal(reserve.decision.allowed, false)
+  t.ok(reserve.decision.retryAfterMs > 10_990 && reserve.decision.retryAfterMs <= 11_000, `a reserve waits out the debt of 10 too (${reserve.decision.retryAfterMs} ms)`)
+})

@@ -85,6 +85,10 @@ t.test('options: shadow must be a boolean, and is not combined with maxWaitMs', 
   t.teardown(() => limiter.close())
   await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: 'yes' as unknown as boolean }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be true or false, got "yes"/ })
   await t.rejects(limiter.consume('c', { ...shadowPolicy, maxWaitMs: 100 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.maxWaitMs` must be unset with `shadow: true`/ })
+  // A shadow cost may exceed capacity, up to 2^52 µs of refill (here 1 token per 1e6 s: 4503.6 tokens).
+  await t.rejects(limiter.consume('c', { ...shadowPolicy, cost: 1e4 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.cost` must be at most 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\), got 10000/ })
+  await t.rejects(limiter.consume('c', shadowPolicy, 1e4), { code: 'TOLLGATE_INVALID_OPTION', message: /`cost` must be at most 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\) of bucket "new-limit", got 10000/ })
+  await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: false, cost: 3 }), { message: /`policy.cost` must be at most capacity \(2\), got 3/ })
 })
 
 t.test('several shadow policies: only those the request could not afford are flagged', async (t) => {
@@ -96,4 +100,54 @@ t.test('several shadow policies: only those the request could not afford are fla
   const second = await limiter.consume('c', [tight, loose])
   t.match(second, { allowed: true, shadow: true, bucket: 'tight' })
   t.same(second.policies?.map((d) => [d.bucket, d.allowed, d.shadow === true]), [['tight', true, true], ['loose', true, false]], 'the policy that could afford it is not a would-be denial')
+})
+
+t.test('a cost above a shadow policy\'s capacity is a would-be denial, never an error: scripts and the in-process store alike', async (t) => {
+  // A shadow capacity of 2 at 1/s, requests of cost 5: the limit could never
+  // afford one, so each passes, flagged, and spends nothing from it. Its
+  // retryAfterMs is the time until the bucket is full plus what the cost
+  // above capacity would take to refill (here 3 s). Before, the policy was
+  // refused at registration and the requests were 500s.
+  const tight: Policy = { bucket: 'tight', capacity: 2, refillPerSecond: 1, failureMode: 'open', shadow: true, cost: 5 }
+  const redis = await sharedRedis(t)
+  for (const [name, options, policy] of [
+    ['Redis', { redis }, tight],
+    ['the in-process store', {}, tight],
+    ['Redis, with a lockout', { redis }, { ...tight, bucket: 'locked', lockout: { after: 2, withinMs: 60_000, forMs: 60_000 } }],
+    ['Redis, leased', { redis }, { ...tight, bucket: 'leased', lease: { tokens: 2, maxAgeMs: 1000 } }]
+  ] as const) {
+    const limiter = createLimiter({ ...options, prefix: uniquePrefix(), timeout: 1000 })
+    t.teardown(() => limiter.close())
+    const got = [await limiter.consume('c', policy), await limiter.consume('c', policy)]
+    t.same(got.map((d) => [d.allowed, d.shadow === true]), [[true, true], [true, true]], `${name}: both pass, flagged`)
+    t.match(got[0], { remaining: 2, resetMs: 0, retryAfterMs: 3000 }, `${name}: a full bucket, 3 s of refill short of the cost`)
+    t.match(await limiter.peek('c', { ...tight, bucket: policy.bucket, cost: 1, shadow: false }), { allowed: true, remaining: 2 }, `${name}: nothing spent from the shadow bucket`)
+    if ('lockout' in policy) t.equal(got[1]?.locked, true, `${name}: the second would-be denial is a would-be lockout`)
+    const programmatic = await limiter.consume('c', { ...policy, cost: undefined }, 7)
+    t.match(programmatic, { allowed: true, shadow: true }, `${name}: a cost argument above capacity too`)
+  }
+})
+
+t.test('routes: a cost function above a shadow policy\'s capacity is a would-be denial; enforced policies still refuse one', async (t) => {
+  const { app } = await buildApp(t, {
+    plugin: { capacity: 10, refillPerSecond: NO_REFILL, shadow: true, cost: 20 },
+    routes (app) {
+      const cost = (request: { query: unknown }): number => Number((request.query as { cost: string }).cost)
+      app.get('/shadow', { config: { rateLimit: { capacity: 2, cost } } }, async (request) => ({ shadow: request.rateLimit?.shadow === true }))
+      app.get('/mixed', { config: { rateLimit: [{ bucket: 'real', shadow: false, cost }, { bucket: 'tight', capacity: 2, cost }] } }, async (request) => ({ shadow: request.rateLimit?.shadow === true }))
+      app.get('/static', async (request) => ({ shadow: request.rateLimit?.shadow === true }))
+      app.get('/plan', { config: { rateLimit: { cost: undefined, limit: () => ({ capacity: 0.5, refillPerSecond: 1 }) } } }, async (request) => ({ shadow: request.rateLimit?.shadow === true }))
+    }
+  })
+  const shadow = await app.inject('/shadow?cost=5')
+  t.same([shadow.statusCode, shadow.json()], [200, { shadow: true }], 'a shadow route: passes, flagged')
+  const mixed = await app.inject('/mixed?cost=5')
+  t.same([mixed.statusCode, mixed.json()], [200, { shadow: true }], 'mixed: the enforced policy affords it, the shadow one would deny')
+  t.equal(mixed.headers['ratelimit-remaining'], '5', 'and the headers are the enforced policy\'s')
+  t.equal((await app.inject('/mixed?cost=11')).statusCode, 500, 'a cost above the enforced policy\'s capacity is still bad input')
+  t.same((await app.inject('/static')).json(), { shadow: true }, 'the plugin\'s shadow cost of 20 on capacity 10 registers and passes')
+  t.same((await app.inject('/plan')).json(), { shadow: true }, 'a plan below the default cost of 1, on a shadow policy')
+  const huge = await app.inject('/shadow?cost=1e300')
+  t.equal(huge.statusCode, 500, 'a shadow cost past 2^52 µs of refill is bad input')
+  t.match(huge.json(), { message: /`cost` must return a finite number > 0 and <= 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\), got 1e\+300/ })
 })

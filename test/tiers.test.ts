@@ -163,3 +163,29 @@ t.test('shadow policies never show: a plan that drops the enforced policy leaves
   t.equal(internal.headers['ratelimit-limit'], undefined, 'only the shadow policy left: no headers')
   t.match(internal.json(), { bucket: 'trial', remaining: 98 })
 })
+
+t.test('the app\'s own functions have no deadline: a request waits for key, cost, allow and limit as long as they run', async (t) => {
+  const gates: Record<string, () => void> = {}
+  const held = <T>(name: string, value: T) => async (): Promise<T> => {
+    await new Promise<void>((resolve) => { gates[name] = resolve })
+    return value
+  }
+  const { app } = await buildApp(t, {
+    // The store's deadline (10 ms; failing open past it) is Redis's; the functions' time is not counted.
+    plugin: { capacity: 5, refillPerSecond: 1, timeout: 10, failureMode: 'open' },
+    routes: (app) => {
+      app.get('/key', { config: { rateLimit: { key: held('key', 'ann') } } }, async () => 'ok')
+      app.get('/cost', { config: { rateLimit: { cost: held('cost', 1) } } }, async () => 'ok')
+      app.get('/allow', { config: { rateLimit: { allow: held('allow', false) } } }, async () => 'ok')
+      app.get('/limit', { config: { rateLimit: { limit: held('limit', { capacity: 5, refillPerSecond: 1 }) } } }, async () => 'ok')
+    }
+  })
+  for (const name of ['key', 'cost', 'allow', 'limit']) {
+    let answered = false
+    const reply = app.inject(`/${name}`).then((res) => { answered = true; return res })
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    t.equal(answered, false, `${name}: no answer while it runs (300 ms; tollgate's timeout is 10 ms)`)
+    gates[name]?.()
+    t.equal((await reply).statusCode, 200, `${name}: answered once it returns`)
+  }
+})

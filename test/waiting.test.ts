@@ -278,3 +278,17 @@ t.test('a listening Fastify app closes at once with requests waiting: each is an
   t.ok(answers.every((a) => Number(a.retryAfter) >= 55), `each with the wait it had left as Retry-After (${answers.map((a) => a.retryAfter).join(', ')} s)`)
   await closed
 })
+
+t.test('a peek of a maxWaitMs policy says whether a consume is allowed now, without waiting; the consume may wait and pass', async (t) => {
+  const limiter = createLimiter({ redis: await sharedRedis(t), prefix: uniquePrefix(), timeout: 1000 })
+  t.teardown(() => limiter.close())
+  const policy: Policy = { bucket: 'paced', capacity: 1, refillPerSecond: 10, failureMode: 'open', maxWaitMs: 500 }
+  await limiter.consume('p', policy)
+  const peek = await limiter.peek('p', policy)
+  t.equal(peek.allowed, false, 'the peek: not allowed now')
+  t.ok(peek.retryAfterMs > 50 && peek.retryAfterMs <= 100, `retryAfterMs the wait for the token (${peek.retryAfterMs} ms)`)
+  const consume = await limiter.consume('p', policy)
+  t.equal(consume.allowed, true, 'the consume waits for it and is allowed')
+  // Tolerance: the peek and the consume are a round trip apart, and a timer may fire late on a busy machine.
+  t.ok((consume.waitedMs ?? 0) > 40 && (consume.waitedMs ?? 0) <= peek.retryAfterMs + 50, `after about as long (${consume.waitedMs} ms)`)
+})

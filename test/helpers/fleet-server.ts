@@ -11,7 +11,8 @@
 //                     decision's source
 //   GET /<label>/settle  the same bucket, charged by outcome: reserves the
 //                     `x-cost` header's cost, settles at the `x-actual` header's,
-//                     answers after the `x-delay` header's ms (Fastify only)
+//                     after holding the request for the `x-hold-ms` header's
+//                     milliseconds if set, or the `x-delay` header's (Fastify only)
 //   GET /<label>/locked  with `lockout` configured: bucket `<bucket>:locked`
 //                     under that lockout (Fastify only)
 //   GET /<label>/leased  with `lease` configured: bucket `<bucket>:leased`
@@ -23,6 +24,7 @@
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
 import type { Server } from 'node:http'
+import { setTimeout as sleep } from 'node:timers/promises'
 import express from 'express'
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
@@ -103,8 +105,8 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
           }
         }
       }, async (request) => {
-        const delay = Number(request.headers['x-delay'] ?? 0)
-        if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay))
+        const hold = Number(request.headers['x-hold-ms'] ?? request.headers['x-delay'] ?? 0)
+        if (hold > 0) await sleep(hold)
         return { server: config.name, source: request.rateLimit?.source }
       })
       if (config.lockout !== undefined) {

@@ -375,17 +375,22 @@ export class ClockedExtRunner {
  * The plain token bucket with reservations and a lockout, from their
  * definitions: a consume that may wait takes its tokens into debt, at most
  * `maxWaitUs` of refill deep, and waits until the debt is refilled; after
- * `after` denied consumes (within the period, long in the tests) the
- * client is blocked for `forMs`, and counting starts again after it.
+ * `after` denied consumes within `withinMs` of the first of them the
+ * client is blocked for `forMs`, and counting starts again after it (a
+ * denial `withinMs` or more after the first starts a new count).
  */
 export class ReferenceHold {
   readonly bucket: ReferenceBucket
   readonly maxWaitUs: number
-  readonly lockout: { after: number, forMs: number } | undefined
+  readonly lockout: { after: number, withinMs: number, forMs: number } | undefined
   count = 0
+  /** The first denial of the count, microseconds. */
+  firstUs = -Infinity
+  /** Counts that ended with their period, before a block. */
+  lapsed = 0
   blockedUntil = -Infinity
 
-  constructor (shape: Shape, maxWaitUs: number, lockout?: { after: number, forMs: number }) {
+  constructor (shape: Shape, maxWaitUs: number, lockout?: { after: number, withinMs: number, forMs: number }) {
     this.bucket = new ReferenceBucket(shape)
     this.maxWaitUs = maxWaitUs
     this.lockout = lockout
@@ -405,6 +410,11 @@ export class ReferenceHold {
       return { locked: false, delayUs }
     }
     if (this.lockout === undefined || mode === '0') return { locked: false, delayUs: 0 }
+    if (this.count === 0 || nowUs - this.firstUs >= this.lockout.withinMs * 1000) {
+      if (this.count > 0) this.lapsed++
+      this.count = 0
+      this.firstUs = nowUs
+    }
     this.count++
     if (this.count < this.lockout.after) return { locked: false, delayUs: 0 }
     this.count = 0
