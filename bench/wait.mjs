@@ -29,7 +29,7 @@
 //   BENCH_WAIT_CRASHES      crash runs per variant (3)
 //
 // Nothing here imports tollgate: the script is lua/token-bucket.lua itself,
-// sent the way lib/redis-store.ts sends it.
+// sent the way lib/store/redis-store.ts sends it.
 
 import { execFile, spawn } from 'node:child_process'
 import { readFileSync, rmSync } from 'node:fs'

@@ -1,24 +1,24 @@
 import type { RouteGenericInterface } from 'fastify'
-import plugin from './plugin.js'
-import { createLimiter as createCoreLimiter } from './limiter.js'
-import type { RouteRateLimit } from './plugin-types.js'
-import type { Limiter, LimiterOptions } from './types.js'
+import plugin from './adapters/fastify/plugin.js'
+import { createLimiter as createCoreLimiter } from './core/limiter.js'
+import type { RouteRateLimit } from './adapters/fastify/types.js'
+import type { Limiter, LimiterOptions } from './core/types.js'
 
 export default plugin
 export { plugin as tollgate }
-export { decisionChannel } from './limiter.js'
-export { stateChannel, breakerChannel } from './guard.js'
-export { RateLimitedError, UnavailableError, BadRequestInputError } from './plugin-errors.js'
-export { StoreError } from './errors.js'
-export type { Reservation } from './settle.js'
-export type { Tier } from './tiers.js'
+export { decisionChannel } from './core/limiter.js'
+export { stateChannel, breakerChannel } from './core/guard.js'
+export { RateLimitedError, UnavailableError, BadRequestInputError } from './adapters/fastify/errors.js'
+export { StoreError } from './core/errors.js'
+export type { Reservation } from './core/settle.js'
+export type { Tier } from './http/tiers.js'
 export type {
   CostFunction, ProgrammaticPolicy, RoutePolicy, RouteRateLimit, TollgateOptions, TollgateDecorator
-} from './plugin-types.js'
+} from './adapters/fastify/types.js'
 export type {
   BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, InstrumentOptions, Limiter,
   LimiterOptions, LocalPolicy, Lockout, Logger, MetricAttributes, MetricsMeter, MetricsOptions, Policy, RedisClient, StoreStateMessage
-} from './types.js'
+} from './core/types.js'
 
 /**
  * The framework-free limiter: token buckets in Redis (or, without `redis`,

@@ -1,4 +1,4 @@
-// The deadline of lib/deadline.ts: a reply that is already in the socket
+// The deadline of lib/core/deadline.ts: a reply that is already in the socket
 // when its deadline timer fires wins (the loop reads sockets after timers);
 // a deadline follows its clock; memory holds the calls in flight, not the
 // calls of the last `timeout` ms; a pending deadline never keeps the
@@ -9,8 +9,8 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import v8 from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import t from 'tap'
-import { Deadlines } from '../lib/deadline.js'
-import { MAX_TIMEOUT } from '../lib/options.js'
+import { Deadlines } from '../lib/core/deadline.js'
+import { MAX_TIMEOUT } from '../lib/core/options.js'
 import { createLimiter, type Policy } from '../lib/index.js'
 import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { redisUrl } from './helpers/redis.js'

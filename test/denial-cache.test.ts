@@ -1,4 +1,4 @@
-// The denial cache (lib/denial-cache.ts): after Redis denies a request, the
+// The denial cache (lib/core/denial-cache.ts): after Redis denies a request, the
 // same request is denied in process, without a call, until Redis could
 // allow it; never longer, never for a cheaper request, keyed by the set of
 // buckets; capped in size; off with `denialCache: false`; cleared by
@@ -11,11 +11,11 @@ import { randomInt } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
-import { DenialCache } from '../lib/denial-cache.js'
-import { SUBSCRIBER_NAME } from '../lib/invalidation.js'
-import { Marks } from '../lib/marks.js'
+import { DenialCache } from '../lib/core/denial-cache.js'
+import { SUBSCRIBER_NAME } from '../lib/core/invalidation.js'
+import { Marks } from '../lib/core/marks.js'
 import { createLimiter, type Decision, type Limiter, type LimiterOptions, type Policy } from '../lib/index.js'
-import type { BucketSpec } from '../lib/store.js'
+import type { BucketSpec } from '../lib/store/store.js'
 import { buildApp } from './helpers/app.js'
 import { randomSource, scriptCalls } from './helpers/model.js'
 import { startRedisServer } from './helpers/redis.js'
@@ -342,7 +342,7 @@ t.test('reset() clears multi-bucket denials whatever the bucket names', async (t
   t.match(await limiter.consume('c', [a, b]), { allowed: true, source: 'store' }, 'after reset of a, [a, b] is asked of Redis and allowed')
 })
 
-// Changes made elsewhere (lib/invalidation.ts): a reset or refund made by
+// Changes made elsewhere (lib/core/invalidation.ts): a reset or refund made by
 // another limiter of the same prefix, on its own client, reaches this
 // limiter's cache by a message; when a message cannot arrive, no denial is
 // trusted longer than `maxAgeMs` after its call.

@@ -7,9 +7,9 @@
 import t from 'tap'
 import { Redis } from 'ioredis'
 import { createLimiter, type Policy } from '../lib/index.js'
-import { Deadlines } from '../lib/deadline.js'
-import { describe, StoreError } from '../lib/errors.js'
-import { MemoryStore } from '../lib/memory-store.js'
+import { Deadlines } from '../lib/core/deadline.js'
+import { describe, StoreError } from '../lib/core/errors.js'
+import { MemoryStore } from '../lib/store/memory-store.js'
 import { buildApp } from './helpers/app.js'
 import { freePort, redisUrl, startRedisServer, type TeardownTarget } from './helpers/redis.js'
 

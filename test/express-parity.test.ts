@@ -12,11 +12,11 @@ import Fastify from 'fastify'
 import t, { type Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../lib/express.js'
-import { headerPairs, PolicyHeaders } from '../lib/headers.js'
+import { headerPairs, PolicyHeaders } from '../lib/http/headers.js'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import { listen, memoryLogger, type Answer } from './helpers/express.js'
 import { faultClient, ownServer } from './helpers/load.js'
-import type { RedisClient } from '../lib/types.js'
+import type { RedisClient } from '../lib/core/types.js'
 
 const COMPARED = /^(ratelimit|x-ratelimit|retry-after|content-type|content-length)/
 

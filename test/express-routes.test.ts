@@ -5,12 +5,12 @@
 // and doubled slashes, parameterised mount paths, nested routers, sub-apps,
 // path arrays, a router mounted twice and regexp paths: 1000+ distinct
 // spellings make no 500 and no new bucket, and both majors name every
-// route alike (lib/express-routes.ts).
+// route alike (lib/adapters/express/routes.ts).
 
 import express5, { type ErrorRequestHandler, type RequestHandler } from 'express'
 import express4 from 'express4'
 import t, { type Test } from 'tap'
-import { RoutePatterns } from '../lib/express-routes.js'
+import { RoutePatterns } from '../lib/adapters/express/routes.js'
 import { MAX_NAMES, rateLimit, type ExpressOptions, type RateLimit } from '../lib/express.js'
 import { keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { listen, memoryLogger } from './helpers/express.js'

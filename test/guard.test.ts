@@ -1,4 +1,4 @@
-// The breaker of lib/guard.ts on its own: its timing on a fake monotonic
+// The breaker of lib/core/guard.ts on its own: its timing on a fake monotonic
 // clock (no sleeps), its indifference to the wall clock, and which errors
 // count as Redis failing. Store calls go to the shared test Redis; a
 // failing call is one whose promise rejects the way a lost connection does.
@@ -6,10 +6,10 @@
 import diagnostics from 'node:diagnostics_channel'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
-import { Guard } from '../lib/guard.js'
-import { RedisStore } from '../lib/redis-store.js'
-import type { BucketSpec } from '../lib/store.js'
-import type { Logger } from '../lib/types.js'
+import { Guard } from '../lib/core/guard.js'
+import { RedisStore } from '../lib/store/redis-store.js'
+import type { BucketSpec } from '../lib/store/store.js'
+import type { Logger } from '../lib/core/types.js'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import type { TeardownTarget } from './helpers/redis.js'
 

@@ -1,11 +1,11 @@
 // Keys in Redis (SPEC section 4): buckets per route pattern, shared buckets,
 // hostile client ids hashed into a safe hash tag, IPv6 subnets, and the
-// client IP following Fastify's trustProxy only. lib/keys.ts is unit-tested
+// client IP following Fastify's trustProxy only. lib/core/keys.ts is unit-tested
 // at the end. Replay the random part: TOLLGATE_SEED=<seed printed below>.
 
 import { createHash, randomInt } from 'node:crypto'
 import t from 'tap'
-import { clientId, ipIdentity } from '../lib/keys.js'
+import { clientId, ipIdentity } from '../lib/core/keys.js'
 import { buildApp } from './helpers/app.js'
 import { randomSource } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
@@ -216,7 +216,7 @@ t.test('X-Forwarded-For', async (t) => {
   })
 })
 
-t.test('lib/keys.ts', async (t) => {
+t.test('lib/core/keys.ts', async (t) => {
   t.test('clientId', async (t) => {
     t.equal(clientId('user-42'), 'user-42')
     t.equal(clientId('A'.repeat(64)), 'A'.repeat(64))

@@ -1,4 +1,4 @@
-// Token leases at the limiter and plugin level (lib/lease.ts, the policy
+// Token leases at the limiter and plugin level (lib/core/lease.ts, the policy
 // option `lease: { tokens, maxAgeMs }`): a batch taken in one call is spent
 // in process, given back once too old or too small, and on close(); four
 // limiters leasing from one bucket never admit more than the bucket allows.
@@ -10,9 +10,9 @@ import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import tollgate, { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
-import { LeaseBook } from '../lib/lease.js'
-import { LEASE, RedisStore, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_EXT } from '../lib/redis-store.js'
-import type { LeaseReply } from '../lib/store.js'
+import { LeaseBook } from '../lib/core/lease.js'
+import { LEASE, RedisStore, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_EXT } from '../lib/store/redis-store.js'
+import type { LeaseReply } from '../lib/store/store.js'
 import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
 import { startProxy } from './helpers/proxy.js'
 import { startRedisServer } from './helpers/redis.js'

@@ -12,9 +12,9 @@
 
 import { Redis } from 'ioredis'
 import t from 'tap'
-import { DenialCache } from '../lib/denial-cache.js'
-import { MemoryStore } from '../lib/memory-store.js'
-import type { BucketSpec } from '../lib/store.js'
+import { DenialCache } from '../lib/core/denial-cache.js'
+import { MemoryStore } from '../lib/store/memory-store.js'
+import type { BucketSpec } from '../lib/store/store.js'
 import { freePort } from './helpers/redis.js'
 import { createLimiter, type Decision, type Policy } from '../lib/index.js'
 

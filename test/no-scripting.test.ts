@@ -15,7 +15,7 @@ import Fastify from 'fastify'
 import { Redis, type RedisOptions } from 'ioredis'
 import t, { type Test } from 'tap'
 import tollgate from '../lib/index.js'
-import { RedisStore } from '../lib/redis-store.js'
+import { RedisStore } from '../lib/store/redis-store.js'
 import { captureLogs, uniquePrefix } from './helpers/app.js'
 import { redisCommand, redisUrl, startRedisServer } from './helpers/redis.js'
 

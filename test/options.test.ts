@@ -32,7 +32,7 @@ function isOptionError (t: TapTest, err: unknown, want: Expected, label: string)
   }
   t.equal((err as TypeError & { code?: string }).code, 'TOLLGATE_INVALID_OPTION', `${label}: code`)
   t.match(err.message, `\`${want.name}\``, `${label}: names the option`)
-  // The value ends the message, or comes before a hint (another library's meaning of it: lib/migrating.ts).
+  // The value ends the message, or comes before a hint (another library's meaning of it: lib/core/migrating.ts).
   if (want.got !== undefined) t.ok(err.message.endsWith(`got ${want.got}`) || err.message.includes(`got ${want.got}: `), `${label}: names the value (${err.message})`)
   if (want.expect !== undefined) t.match(err.message, want.expect, `${label}: says what is expected`)
 }
@@ -218,7 +218,7 @@ t.test('invalid route config', async (t) => {
     ['lease.tokens over the capacity', base, on({ capacity: 3, lease: { tokens: 4, maxAgeMs: 100 } }), { name: `${where}lease.tokens`, got: '4', expect: 'at most capacity (3)' }],
     ['lease in an array of policies', base, on([{ bucket: 'a' }, { bucket: 'b', lease: { tokens: 2, maxAgeMs: 100 } }]), { name: `${where}[1].lease` }],
     ['no config, global, no capacity anywhere', { refillPerSecond: 1 }, (app) => { app.get('/x', x) }, { name: `${where}capacity`, got: 'undefined' }],
-    // Bounds of what Redis can store (lib/options.ts, storableBucket).
+    // Bounds of what Redis can store (lib/core/options.ts, storableBucket).
     ['a window over 2^52 µs', base, on({ capacity: 1e15, refillPerSecond: 0.001 }),
       { name: `${where}refillPerSecond`, got: '0.001', expect: /at least capacity \/ 4503599627\.370496 \(222044\.6049250313\): .* at most 2\^52 µs/ }],
     ['a window over 2^52 µs from the plugin\'s refill', { refillPerSecond: 1e-9, failureMode: 'open' }, on({ capacity: 5 }),
@@ -385,7 +385,7 @@ t.test('a failing key, cost or allow function: 500 naming the route, no store ca
     }
     return calls
   }
-  // The start-up peek (lib/redis-store.ts warm) is the one script call so far.
+  // The start-up peek (lib/store/redis-store.ts warm) is the one script call so far.
   const before = await evals()
   t.equal(before, 1, 'the start-up peek')
   for (const [url, , message] of routes) {

@@ -393,7 +393,7 @@ t.test('Redis unreachable from the start: the app starts, failure modes apply', 
       app.get('/closed', { config: { rateLimit: { failureMode: 'closed' } } }, async () => 'x')
     }
   })
-  // The start-up wait is bounded (2 s in lib/plugin.ts); without a bound
+  // The start-up wait is bounded (2 s in lib/adapters/fastify/plugin.ts); without a bound
   // ready() would never resolve. 10 s leaves room for a loaded machine.
   t.ok(Date.now() - started < 10_000, 'ready() resolved although Redis never answered')
   const open = await app.inject('/open')

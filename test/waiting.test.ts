@@ -1,7 +1,7 @@
 // Waiting instead of refusing (`maxWaitMs`): a consume reserves its tokens
 // atomically (lua/token-bucket-ext.lua moves the bucket's full-at time
 // forward and returns the wait), then waits in a bounded pool
-// (lib/waiters.ts). Waiters are served in the order of their calls, the
+// (lib/core/waiters.ts). Waiters are served in the order of their calls, the
 // pool's cap and close() have a defined outcome, and in ANY window of
 // length w the admissions stay within capacity + refill x w.
 
@@ -12,9 +12,9 @@ import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import tollgate, { createLimiter, type Decision, type Policy } from '../lib/index.js'
-import { MemoryStore } from '../lib/memory-store.js'
-import type { ExtSpec } from '../lib/store.js'
-import { Waiters, type Timers } from '../lib/waiters.js'
+import { MemoryStore } from '../lib/store/memory-store.js'
+import type { ExtSpec } from '../lib/store/store.js'
+import { Waiters, type Timers } from '../lib/core/waiters.js'
 import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
 
 /** Fake clock and timers: a timer fires when the test says so. */

@@ -6,7 +6,7 @@ import { request, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { Express } from 'express'
 import type { Test } from 'tap'
-import type { Logger } from '../../lib/types.js'
+import type { Logger } from '../../lib/core/types.js'
 
 export interface Answer {
   status: number

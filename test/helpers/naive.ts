@@ -8,7 +8,7 @@
 import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Cluster, Redis } from 'ioredis'
-import { TOKEN_BUCKET } from '../../lib/redis-store.js'
+import { TOKEN_BUCKET } from '../../lib/store/redis-store.js'
 
 type RedisClient = Redis | Cluster
 

@@ -23,7 +23,7 @@
 // - whatever is missed (the connection died silently, Redis refused the
 //   subscription, a message was lost with a Cluster node), no cached denial
 //   is trusted longer than `denialCache.maxAgeMs` after its call was sent
-//   (lib/denial-cache.ts): that is the bound in every case, and the
+//   (lib/core/denial-cache.ts): that is the bound in every case, and the
 //   subscription makes it one message's delivery in the usual one.
 // A SUBSCRIBE or a PUBLISH that fails (refused by an ACL without pub/sub,
 // NOPERM; a publish past its deadline) is logged once, until one succeeds

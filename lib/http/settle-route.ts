@@ -2,7 +2,7 @@
 // decision, headers and 429 as any route), keeps the reservation on the
 // request, and once the response has been sent, the route's `settle`
 // function gives the actual cost from the request and the reply, and the
-// difference is refunded or charged (lib/settle.ts).
+// difference is refunded or charged (lib/core/settle.ts).
 //
 // Why after the response: the outcome (the status, the size of the body,
 // the tokens an LLM generated) is known only then, and the client is not
@@ -12,10 +12,11 @@
 // bug of the app) and the reservation stands; a store that fails is
 // logged by the limiter and counted in `failedSettlements`.
 
-import { describe, optionError } from './errors.js'
-import { unsettled, type Core } from './limiter.js'
-import type { Decision, Limiter, Policy } from './types.js'
-import type { Reservation } from './settle.js'
+import { describe, optionError } from '../core/errors.js'
+import type { Core } from '../core/limiter.js'
+import { unsettled } from '../core/policy.js'
+import type { Decision, Limiter, Policy } from '../core/types.js'
+import type { Reservation } from '../core/settle.js'
 
 const kReservation = Symbol('tollgate.reservation')
 

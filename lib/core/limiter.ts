@@ -6,23 +6,19 @@ import { Guard } from './guard.js'
 import { Invalidations } from './invalidation.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
 import { clientId } from './keys.js'
-import { MemoryStore } from './memory-store.js'
-import type { Adapter } from './migrating.js'
+import { MemoryStore } from '../store/memory-store.js'
 import { Metrics } from './metrics.js'
-import {
-  DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, FAILURE_MODES, MAX_WINDOW_US, breaker, checkFields, deadlineMs, denialCache, lease, isBoolean,
-  isRecord, keyPrefix, localPolicy, lockout, metricsOption, maxWaitMs, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient,
-  storableBucket
-} from './options.js'
+import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyString, positiveNumber } from './options.js'
+import { checkLimiterOptions, checkPolicies, checkPolicy, costBound, maxCost, unsettled } from './policy.js'
 import { processWarnings } from './process-warnings.js'
-import { RedisStore } from './redis-store.js'
+import { RedisStore } from '../store/redis-store.js'
 import { settlements, type Reservation } from './settle.js'
-import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from './store.js'
+import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from '../store/store.js'
 import type { Decision, DecisionSource, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
 import { Waiters } from './waiters.js'
 
 /**
- * What the request layer (lib/request.ts) uses of the core: the public
+ * What the request layer (lib/http/request.ts) uses of the core: the public
  * limiter, and the entries that only the framework adapters need.
  */
 export interface Core {
@@ -55,120 +51,12 @@ export interface Core {
 /** Published for every decision: `{ key, decision }`. */
 export const decisionChannel = diagnostics.channel('tollgate:decision')
 
-const LIMITER_CHECKS = {
-  redis: redisClient,
-  prefix: keyPrefix,
-  timeout: deadlineMs,
-  breaker,
-  denialCache,
-  metrics: metricsOption,
-  maxWaiters: positiveInteger,
-  outageSummaryMs,
-  logger: (value: unknown, name: string) => {
-    if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
-      throw optionError(name, value, 'a logger with warn, info and error methods')
-    }
-  }
-}
-
-const POLICY_CHECKS = {
-  bucket: nonEmptyString,
-  capacity: positiveNumber,
-  refillPerSecond: positiveNumber,
-  cost: positiveNumber,
-  failureMode: oneOf(FAILURE_MODES),
-  local: localPolicy,
-  timeout: deadlineMs,
-  lease,
-  shadow: isBoolean,
-  lockout,
-  maxWaitMs
-}
-
-/** Checks a core policy; throws a TypeError naming the field (`adapter`: whose users wrote it, for the hints of other libraries' names). */
-export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapter = 'core'): asserts policy is Policy {
-  if (!isRecord(policy)) throw optionError(where.slice(0, -1), policy, 'a policy object')
-  checkFields(policy, POLICY_CHECKS, where, {}, adapter)
-  for (const name of ['bucket', 'capacity', 'refillPerSecond', 'failureMode'] as const) {
-    if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
-  }
-  const capacity = policy.capacity as number
-  storableBucket(capacity, policy.refillPerSecond as number, where)
-  const checked = policy as unknown as Policy
-  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, `at most ${costBound(checked)}`)
-  if (policy.failureMode === 'local' && policy.local === undefined) {
-    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
-  }
-  const batch = (policy.lease as { tokens: number } | undefined)?.tokens
-  if (batch !== undefined && batch > capacity) throw optionError(where + 'lease.tokens', batch, `at most capacity (${capacity})`)
-  const wait = policy.maxWaitMs as number | undefined
-  if (wait === undefined) return
-  if (policy.shadow === true) throw optionError(where + 'maxWaitMs', wait, 'unset with `shadow: true` (a shadow policy never holds a request)')
-  if (capacity * (1e6 / (policy.refillPerSecond as number)) + wait * 1000 > MAX_WINDOW_US) {
-    throw optionError(where + 'maxWaitMs', wait, 'at most 2^52 µs less the time an empty bucket takes to fill')
-  }
-}
-
-/**
- * The largest cost a policy takes: its capacity. A shadow policy never
- * refuses, so a cost above its capacity is a would-be denial there, not an
- * error: up to 2^52 us of refill, the longest wait the scripts reply
- * exactly (see MAX_WINDOW_US).
- */
-export function maxCost (policy: Policy): number {
-  return policy.shadow === true ? MAX_WINDOW_US / 1e6 * policy.refillPerSecond : policy.capacity
-}
-
-/** maxCost, named for an error message: "capacity (10)". */
-export function costBound (policy: Policy): string {
-  return policy.shadow === true ? `${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `capacity (${policy.capacity})`
-}
-
-/**
- * A reservation (lua/settle.lua) decides plain buckets: it knows neither
- * lockouts, nor waits, nor shadow policies, so a policy that has one
- * cannot reserve (nor sit on a route that settles).
- */
-export function unsettled (policy: Policy, where: string): void {
-  for (const name of ['shadow', 'lockout', 'maxWaitMs'] as const) {
-    const value = policy[name]
-    if (value !== undefined && value !== false) throw optionError(where + name, value, 'unset to reserve and settle (a settlement charges a plain bucket)')
-  }
-}
-
-/**
- * Checks what only a list of policies can get wrong: `lockout` and
- * `maxWaitMs` serve single-policy checks (one script call decides one
- * bucket with its lockout or reservation).
- */
-export function checkPolicies (list: readonly Policy[], where = 'policy'): void {
-  if (list.length < 2) return
-  for (let i = 0; i < list.length; i++) {
-    const policy = list[i] as Policy
-    for (const name of ['lockout', 'maxWaitMs'] as const) {
-      if (policy[name] !== undefined) throw optionError(`${where}[${i}].${name}`, policy[name], 'unset in an array of policies (it serves single-policy checks)')
-    }
-  }
-}
-
 /** Whether a list takes the path of lib's extras: shadow mode, a lockout or a reservation. */
 function special (list: readonly Policy[]): boolean {
   for (const policy of list) {
     if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
   }
   return false
-}
-
-/**
- * What the rate-limit headers show of a decision: shadow policies never
- * show (a client is not told of a limit that does not hold); the top level
- * is already the binding enforced policy's. Without several policies, or
- * without shadow ones among them, the decision itself.
- */
-export function shownDecision (decision: Decision, list: readonly Policy[]): Decision {
-  const all = decision.policies
-  if (all === undefined || !list.some((p) => p.shadow === true)) return decision
-  return { ...decision, policies: all.filter((_, i) => (list[i] as Policy).shadow !== true) }
 }
 
 /**
@@ -184,7 +72,7 @@ export function createLimiter (options: LimiterOptions = {}): Limiter {
 export function createCore (options: LimiterOptions = {}): Core {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, LIMITER_CHECKS, '', {}, 'core')
+  checkLimiterOptions(input)
   const prefix = options.prefix ?? DEFAULT_PREFIX
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
   const memory = new MemoryStore()
@@ -192,7 +80,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   const waiters = new Waiters(options.maxWaiters ?? 1000)
   const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
   const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, redis !== undefined)
-  // Without a logger, the core's lines are process warnings (lib/process-warnings.ts): never silent.
+  // Without a logger, the core's lines are process warnings (lib/core/process-warnings.ts): never silent.
   const logger = options.logger ?? processWarnings
   const guard = redis === undefined
     ? undefined
@@ -315,7 +203,7 @@ export function createCore (options: LimiterOptions = {}): Core {
 
   /**
    * One policy with a lockout or reservations (lua/token-bucket-ext.lua).
-   * A consume that may wait takes a waiter slot first (lib/waiters.ts); a
+   * A consume that may wait takes a waiter slot first (lib/core/waiters.ts); a
    * reply with a delay holds it that long. Only lockout denials are cached:
    * a plain denial must reach the store, which counts it.
    */
@@ -374,7 +262,7 @@ export function createCore (options: LimiterOptions = {}): Core {
   /**
    * A single-policy consume with leases: spend from this server's batch;
    * else, unless a cached denial still holds, wait in the bucket's queue
-   * for a lease call (lib/lease.ts: one in flight per bucket, the rest of
+   * for a lease call (lib/core/lease.ts: one in flight per bucket, the rest of
    * the old batch given back with it).
    */
   async function leased (guard: Guard, store: RedisStore, policy: Policy, lease: NonNullable<Policy['lease']>, specs: BucketSpec[]): Promise<Decision> {
@@ -507,7 +395,7 @@ export function createCore (options: LimiterOptions = {}): Core {
 }
 
 /**
- * The other app servers' resets and refunds (lib/invalidation.ts), applied
+ * The other app servers' resets and refunds (lib/core/invalidation.ts), applied
  * to this server's cached denials and leases as its own are.
  */
 function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined): Invalidations {

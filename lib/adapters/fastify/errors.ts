@@ -1,5 +1,5 @@
 import createError from '@fastify/error'
-import { RATE_LIMITED, UNAVAILABLE } from './request.js'
+import { RATE_LIMITED, UNAVAILABLE } from '../../http/request.js'
 
 // The 429 and the 503 are answers, not bugs: they skip the second stack
 // capture of @fastify/error, which a flood of denied requests would pay for

@@ -156,7 +156,7 @@ function optionErrors (err: unknown): TypeError[] {
  * once: one error as it is, several as one TypeError listing them all (its
  * `errors` holds each). Unknown names are errors with a hint: with
  * `adapter` (an adapter's or a policy's own names, not nested ones), the
- * replacement of another rate limiter's option (lib/migrating.ts), else the
+ * replacement of another rate limiter's option (lib/core/migrating.ts), else the
  * closest valid name.
  */
 export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string, required: Record<string, string> = {}, adapter?: Adapter): void {

@@ -1,6 +1,6 @@
 import { LruMap } from 'toad-cache'
 import { Marks } from './marks.js'
-import type { BucketSpec } from './store.js'
+import type { BucketSpec } from '../store/store.js'
 import type { Decision } from './types.js'
 
 /** How long a cached denial is trusted at most, ms, unless `denialCache.maxAgeMs` says otherwise. */
@@ -37,15 +37,15 @@ interface Denial {
  * What breaks that reasoning is a change the cache cannot see coming: a
  * reset or a refund, here or on another app server. Those made here drop
  * the entries they make wrong; those made elsewhere arrive as messages
- * (lib/invalidation.ts) and do the same; a reply to a call sent before
- * either is not cached (lib/marks.ts). A message can be missed (the
+ * (lib/core/invalidation.ts) and do the same; a reply to a call sent before
+ * either is not cached (lib/core/marks.ts). A message can be missed (the
  * subscription was down, Redis refused it), so no denial is trusted longer
  * than `maxAgeMs` after its call was sent, whatever wait it named: that is
  * the bound on how long any change made elsewhere can go unseen here.
  *
  * Keyed by the request's bucket keys (one entry per key set, the keys
  * joined by '\n'); size-capped, least recently used entry dropped first,
- * in O(1) (toad-cache's LruMap: see lib/memory-store.ts for why not a
+ * in O(1) (toad-cache's LruMap: see lib/store/memory-store.ts for why not a
  * plain Map).
  */
 export class DenialCache {

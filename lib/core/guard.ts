@@ -2,7 +2,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
 import { StoreError } from './errors.js'
 import { OutageLog, scriptsRefused, type Timers } from './outage.js'
-import type { BucketSpec, Store, StoreReply } from './store.js'
+import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 
 /** Published on every change between healthy and failing. */
@@ -19,7 +19,7 @@ export type BreakerState = 'closed' | 'open' | 'half-open'
 export type CallOutcome = 'ok' | 'timeout' | 'error'
 
 /**
- * Optional hooks for a Guard's owner (lib/metrics.ts). Absent, the guard
+ * Optional hooks for a Guard's owner (lib/core/metrics.ts). Absent, the guard
  * computes nothing for them: each call site is an optional call, whose
  * arguments are not evaluated when there is no observer.
  */
@@ -32,7 +32,7 @@ export interface GuardObserver {
   store (state: 'healthy' | 'failing'): void
 }
 
-/** How a guard reports outages (lib/outage.ts). */
+/** How a guard reports outages (lib/core/outage.ts). */
 export interface GuardReport {
   /** Period of the summary line while the store fails, ms. */
   summaryMs?: number | undefined
@@ -53,7 +53,7 @@ const UNUSABLE = /^(?:LOADING|BUSY|MASTERDOWN|CLUSTERDOWN|READONLY|MISCONF|OOM|T
 /**
  * True for an error Redis itself replied with, from a server that can serve
  * us: proof the store is alive. A server that cannot run the scripts
- * (lib/outage.ts scriptsRefused) answers, but can decide nothing: it is not.
+ * (lib/core/outage.ts scriptsRefused) answers, but can decide nothing: it is not.
  */
 export function provesAlive (cause: unknown): boolean {
   return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message) && !scriptsRefused(cause)
@@ -62,7 +62,7 @@ export function provesAlive (cause: unknown): boolean {
 /**
  * Puts a deadline and a circuit breaker around a store.
  *
- * - Every call gets `timeoutMs` (lib/deadline.ts: a deadline counts Redis's
+ * - Every call gets `timeoutMs` (lib/core/deadline.ts: a deadline counts Redis's
  *   lateness, not the app's own event-loop lag); a reply after that is
  *   ignored.
  * - After `failures` consecutive failures the breaker opens: for
@@ -71,7 +71,7 @@ export function provesAlive (cause: unknown): boolean {
  *   failure opens it for another cool-down.
  * - Logs once when the store turns from healthy to failing, a summary at
  *   most once per period while it keeps failing, and once on recovery with
- *   the number of fallback decisions made meanwhile (lib/outage.ts).
+ *   the number of fallback decisions made meanwhile (lib/core/outage.ts).
  * - Durations come from `clock`, monotonic: a step of the wall clock
  *   neither prolongs nor cuts a cool-down.
  * - An optional `observer` hears how long each store call took, from send

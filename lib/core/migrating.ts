@@ -3,7 +3,7 @@
 // Most users come to tollgate from express-rate-limit, @fastify/rate-limit
 // or rate-limiter-flexible, and write those names first: `windowMs`, `max`,
 // `points`. An unknown name that one of them uses is answered with its
-// replacement (lib/options.ts `checkFields` asks here), read as the adapter's
+// replacement (lib/core/options.ts `checkFields` asks here), read as the adapter's
 // users most likely meant it: `max` is express-rate-limit's on Express and
 // @fastify/rate-limit's on Fastify (their windows are named differently).
 // A hint never names an option that does not exist where it is read: an

@@ -4,8 +4,8 @@
 // takes its target, rather than a closure over it, costs no allocation per
 // request; `headerPairs` collects the same pairs into a list.
 
-import type { HEADER_MODES } from './options.js'
-import type { Decision } from './types.js'
+import type { HEADER_MODES } from '../core/options.js'
+import type { Decision } from '../core/types.js'
 
 export type HeaderMode = (typeof HEADER_MODES)[number]
 

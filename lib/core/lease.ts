@@ -1,6 +1,6 @@
 import { Deadlines } from './deadline.js'
 import { Marks } from './marks.js'
-import { wholeTokens, type BucketSpec, type LeaseReply } from './store.js'
+import { wholeTokens, type BucketSpec, type LeaseReply } from '../store/store.js'
 import type { Decision, Policy } from './types.js'
 
 /** Lease settings of a policy: batch size and the longest a batch is kept. */
@@ -92,10 +92,10 @@ export interface GiveBack {
  * the price of turning the client away for up to (tokens - cost) / refill
  * seconds longer than Redis would.
  *
- * A reset of the bucket, here or on another app server (lib/invalidation.ts),
+ * A reset of the bucket, here or on another app server (lib/core/invalidation.ts),
  * drops its lease: the reset bucket is full, and tokens taken from it
  * before would come on top. A batch whose call was sent before the reset
- * was learnt, landing after it, is not kept either (lib/marks.ts). A refund
+ * was learnt, landing after it, is not kept either (lib/core/marks.ts). A refund
  * leaves leases alone: it gives tokens to the bucket, and a lease spends
  * only what it took.
  *
@@ -200,7 +200,7 @@ export class LeaseBook {
 
 /**
  * Whether a lease, taken for `held`, may serve a request of `spec`: the
- * same capacity and refill. A client's plan (lib/tiers.ts) may change
+ * same capacity and refill. A client's plan (lib/http/tiers.ts) may change
  * between the two; a lease's tokens and decay are counted in the plan it
  * was taken under, so a lease of another plan is neither spent nor given
  * back (its usable part comes back by refill).

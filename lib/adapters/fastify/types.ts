@@ -9,9 +9,9 @@
 // untyped route config.
 
 import type { FastifyReply, FastifyRequest, RouteGenericInterface } from 'fastify'
-import type { Reservation } from './settle.js'
-import type { Tier } from './tiers.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, MetricsOptions, RedisClient } from './types.js'
+import type { Reservation } from '../../core/settle.js'
+import type { Tier } from '../../http/tiers.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, MetricsOptions, RedisClient } from '../../core/types.js'
 
 /** A limit as the plugin and routes take it; route values merge over the plugin's. */
 export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteGenericInterface> {

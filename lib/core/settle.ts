@@ -19,7 +19,7 @@
 // it can make wrong are dropped: that of the reservation's buckets, and
 // that of each of them alone (DenialCache.refunded), and a denial whose
 // call was sent before is not cached when its reply comes later. The
-// other app servers are told too (`refunded`, lib/invalidation.ts), once
+// other app servers are told too (`refunded`, lib/core/invalidation.ts), once
 // the store has applied it. A charge keeps them: it only delays.
 //
 // Settlement calls go through the guard (deadline, breaker, no pile-up
@@ -29,9 +29,9 @@
 import type { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import type { Guard } from './guard.js'
-import type { MemoryStore } from './memory-store.js'
-import type { RedisStore } from './redis-store.js'
-import type { BucketSpec, ReserveMark, StoreReply } from './store.js'
+import type { MemoryStore } from '../store/memory-store.js'
+import type { RedisStore } from '../store/redis-store.js'
+import type { BucketSpec, ReserveMark, StoreReply } from '../store/store.js'
 import type { Decision, DecisionSource, Logger, Policy } from './types.js'
 
 /** A reserved cost, to be settled once with the actual cost. */

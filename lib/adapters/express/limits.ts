@@ -1,11 +1,11 @@
 // The limits of one `rateLimit()` instance: each policy compiled once, and
-// how a request finds its own (lib/express.ts is the middleware around it).
+// how a request finds its own (lib/adapters/express/middleware.ts is the middleware around it).
 //
 // Buckets. Inside a route, a middleware's bucket is `<METHOD> <mount path +
 // route pattern>` (`GET /users/:id`), as declared: never `req.baseUrl`,
 // which is the mount path as the client spelled it (`/API` for
 // `app.use('/api', ...)`, `/orgs/acme` for `/orgs/:org`). Express does not
-// tell a middleware where it is mounted, so lib/express-routes.ts finds the
+// tell a middleware where it is mounted, so lib/adapters/express/routes.ts finds the
 // declaration once per route object; here the limit is kept per route
 // object and method, so that a request after the first one of its route
 // costs two map reads. A client can make no new name: the names of one
@@ -25,10 +25,10 @@
 // bucket then follows whichever capacity each call sends, as in Fastify.
 
 import type { Request } from 'express'
-import { optionError } from './errors.js'
-import type { RoutePatterns } from './express-routes.js'
-import { isRecord } from './options.js'
-import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, type Defaults, type Dialect, type RouteLimit } from './route-limit.js'
+import { optionError } from '../../core/errors.js'
+import type { RoutePatterns } from './routes.js'
+import { isRecord } from '../../core/options.js'
+import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, type Defaults, type Dialect, type RouteLimit } from '../../http/route.js'
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000

@@ -1,13 +1,13 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Cluster, Redis } from 'ioredis'
-import { StoreError } from './errors.js'
-import { scriptsRefused } from './outage.js'
+import { StoreError } from '../core/errors.js'
+import { scriptsRefused } from '../core/outage.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
 } from './store.js'
-import type { RedisClient as Client } from './types.js'
+import type { RedisClient as Client } from '../core/types.js'
 
 type RedisClient = Redis | Cluster
 
@@ -27,7 +27,7 @@ export interface Script {
 }
 
 function script (file: string): Script {
-  const lua = readFileSync(new URL(`../lua/${file}`, import.meta.url), 'utf8')
+  const lua = readFileSync(new URL(`../../lua/${file}`, import.meta.url), 'utf8')
   return { lua, sha: createHash('sha1').update(lua).digest('hex') }
 }
 
@@ -51,7 +51,7 @@ function isNoScript (err: unknown): boolean {
 /**
  * Appends one bucket's arguments of lua/token-bucket.lua: its window, the
  * need of its cost and how far spending moves its full-at time, in
- * microseconds, computed exactly as lib/memory-store.ts computes them.
+ * microseconds, computed exactly as lib/store/memory-store.ts computes them.
  */
 export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec): void {
   const step = 1e6 / spec.refillPerSecond
@@ -248,7 +248,7 @@ export class RedisStore implements Store, LeaseStore {
    * server runs the scripts at all: SCRIPT LOAD succeeding does not show
    * that EVALSHA is allowed, nor SCRIPT LOAD failing that it is not.
    * Resolves with the peek's error when it says the scripts cannot run
-   * (lib/outage.ts scriptsRefused), else undefined: other failures are the
+   * (lib/core/outage.ts scriptsRefused), else undefined: other failures are the
    * failure modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {

@@ -13,7 +13,7 @@
 // a client out for longer than one window of its new plan (two on a route
 // that settles, where the rest is debt: lua/settle.lua). A lease of this
 // server taken under the old plan is not spent under the new one: its
-// tokens count in the old plan's units (lib/lease.ts, samePlan).
+// tokens count in the old plan's units (lib/core/lease.ts, samePlan).
 //
 // Why a cache per returned object: plans are usually a few objects made
 // once (`PLANS[user.plan]`), or objects an app caches after looking them up
@@ -23,11 +23,11 @@
 // validation each time. A bad value is a 500 TOLLGATE_BAD_INPUT before any
 // store call, as for `key` and `cost` (the adapter's error, through `bad`).
 
-import { describe } from './errors.js'
+import { describe } from '../core/errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicy } from './limiter.js'
-import { checkFields, isRecord, positiveNumber } from './options.js'
-import type { Policy } from './types.js'
+import { checkPolicy } from '../core/policy.js'
+import { checkFields, isRecord, positiveNumber } from '../core/options.js'
+import type { Policy } from '../core/types.js'
 
 /** The size and rate of a client's plan, as a `limit` function returns it. */
 export interface Tier {

@@ -1,6 +1,6 @@
 // Errors of the core, with no HTTP in them: a store call that failed, an
 // invalid option. The HTTP answers (429, 503, 500) belong to each adapter
-// (lib/plugin-errors.ts for Fastify, lib/express.ts for Express).
+// (lib/adapters/fastify/errors.ts for Fastify, lib/adapters/express/middleware.ts for Express).
 
 /** A store call that failed, timed out or was skipped by the breaker. */
 export class StoreError extends Error {

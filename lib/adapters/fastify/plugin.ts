@@ -27,19 +27,19 @@
 
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { optionError } from './errors.js'
-import type { HeaderValue } from './headers.js'
-import { BadRequestInputError, RateLimitedError, UnavailableError } from './plugin-errors.js'
+import { optionError } from '../../core/errors.js'
+import type { HeaderValue } from '../../http/headers.js'
+import { BadRequestInputError, RateLimitedError, UnavailableError } from './errors.js'
 import {
   HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
-} from './options.js'
-import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from './request.js'
+} from '../../core/options.js'
+import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from '../../http/request.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
-} from './route-limit.js'
-import { RESERVATION, takeReservation } from './settle-route.js'
-import type { TollgateDecorator, TollgateOptions } from './plugin-types.js'
+} from '../../http/route.js'
+import { RESERVATION, takeReservation } from '../../http/settle-route.js'
+import type { TollgateDecorator, TollgateOptions } from './types.js'
 
 const kChecked = Symbol('tollgate.checked')
 /** On a route's config: `onRoute` saw the route, the gate has nothing to do. */

@@ -1,19 +1,19 @@
 // One request's check, whatever the framework.
 //
-// An adapter (lib/plugin.ts for Fastify, lib/express.ts for Express) keeps
+// An adapter (lib/adapters/fastify/plugin.ts for Fastify, lib/adapters/express/middleware.ts for Express) keeps
 // only what its framework needs: where the check runs, how a route is named,
 // how headers are written and how a 429 is sent. The rest is here, so both
 // adapters decide alike and answer byte for byte alike:
 //
-//   compile  compileRoute (lib/route-limit.ts), once per route;
+//   compile  compileRoute (lib/http/route.ts), once per route;
 //   ready    whenReady, a bounded wait for the client and the scripts at
 //            start-up, so the first requests are decided by Redis;
 //   decide   RequestLayer.decide: allow -> client key -> the client's plan
-//            (`limit`, lib/tiers.ts) -> costs -> one store decision, a
+//            (`limit`, lib/http/tiers.ts) -> costs -> one store decision, a
 //            reserve on a route that settles (undefined when `allow` or
 //            the plan let the request through);
 //   settle   RequestLayer.settle, from the adapter's after-response hook,
-//            with the reservation the request holds (lib/settle-route.ts);
+//            with the reservation the request holds (lib/http/settle-route.ts);
 //   answer   answer(): the headers, written through the adapter's sink, and
 //            the denial (429, or 503 when a closed limit cannot reach Redis)
 //            as data; denialBody() is its JSON body.
@@ -22,14 +22,16 @@
 // request object; a synchronous result is used as it is, so the common
 // synchronous `key` costs no promise.
 
-import { StoreError, describe } from './errors.js'
+import { StoreError, describe } from '../core/errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
-import { ipIdentity } from './keys.js'
-import { costBound, maxCost, shownDecision, type Core } from './limiter.js'
-import { storeTarget } from './redis-store.js'
-import type { RequestFn, RouteLimit } from './route-limit.js'
+import { ipIdentity } from '../core/keys.js'
+import type { Core } from '../core/limiter.js'
+import { costBound, maxCost } from '../core/policy.js'
+import { shownDecision } from './answer.js'
+import { storeTarget } from '../store/redis-store.js'
+import type { RequestFn, RouteLimit } from './route.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
-import type { Decision, Policy, RedisClient } from './types.js'
+import type { Decision, Policy, RedisClient } from '../core/types.js'
 
 /** The client identity of requests without an address (as on a Unix socket). */
 export const NO_ADDRESS = 'no-address'

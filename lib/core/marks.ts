@@ -2,7 +2,7 @@
  * When each key last changed in a way a process-local cache cannot see
  * coming (a reset, a refund), on the monotonic clock: a reply to a call
  * sent before that moment may describe the key as it was, and is not
- * cached (lib/denial-cache.ts, lib/lease.ts).
+ * cached (lib/core/denial-cache.ts, lib/core/lease.ts).
  *
  * Why this is needed on top of dropping the cached entries: a reply can
  * land after the change was learnt. A call sent at t0 runs in Redis before

@@ -5,22 +5,23 @@
 // Fastify route's `config.rateLimit`, the argument of Express's `limit()`):
 // one policy, several checked together, or nothing (the adapter's own
 // options). Here that is merged over the adapter's options and checked, so
-// that the per-request path (lib/request.ts) holds only resolved values.
+// that the per-request path (lib/http/request.ts) holds only resolved values.
 // The settings that are one per route (`key`, `headers`, `allow`, `settle`,
 // and Fastify's `hook`) must agree across a route's policies; the rest is per
 // policy. An adapter adds its own route settings through a `Dialect`.
 
-import { optionError } from './errors.js'
+import { optionError } from '../core/errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicies, checkPolicy, createCore, type Core } from './limiter.js'
+import { createCore, type Core } from '../core/limiter.js'
+import { checkPolicies, checkPolicy } from '../core/policy.js'
 import {
   DEFAULT_PREFIX, FAILURE_MODES, breaker, checkFields, cost, denialCache, headerMode, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
   localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, planFunction, positiveInteger, positiveNumber, redisClient
-} from './options.js'
-import type { Adapter } from './migrating.js'
+} from '../core/options.js'
+import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
-import type { LimiterOptions, Logger, Policy } from './types.js'
+import type { LimiterOptions, Logger, Policy } from '../core/types.js'
 
 type Check = (value: unknown, name: string) => void
 
@@ -94,7 +95,7 @@ export interface Dialect {
   wide: readonly string[]
   /** Where a missing capacity or rate can be set, for the error message. */
   hint: string
-  /** Whose users write the route's policies, for the hints of other libraries' names (lib/migrating.ts). */
+  /** Whose users write the route's policies, for the hints of other libraries' names (lib/core/migrating.ts). */
   adapter: Adapter
 }
 
@@ -117,9 +118,9 @@ export interface RouteLimit<Req> {
   allow: RequestFn<Req, boolean> | undefined
   headers: HeaderMode
   policyHeaders: PolicyHeaders
-  /** The per-client plans of the route's policies (lib/tiers.ts), if any has a `limit`. */
+  /** The per-client plans of the route's policies (lib/http/tiers.ts), if any has a `limit`. */
   tiers: Tiers<Req, RouteLimit<Req>> | undefined
-  /** Charging by outcome (lib/settle-route.ts): the actual cost, from the request and the response. */
+  /** Charging by outcome (lib/http/settle-route.ts): the actual cost, from the request and the response. */
   settle: SettleFunction<Req, never> | undefined
 }
 
