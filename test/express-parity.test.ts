@@ -63,13 +63,18 @@ function comparable (a: Answer): { status: number, headers: Record<string, unkno
 t.test('the same decisions: the same status, headers and body from both adapters', async (t) => {
   const redis = await sharedRedis(t)
   const [fastify, express] = await both(t, redis, {})
+  let denied: ReturnType<typeof comparable> | undefined
   for (const { path } of ROUTES) {
     for (let i = 0; i < 4; i++) {
       const [f, e] = [await fastify(path), await express(path)]
       t.same(comparable(e), comparable(f), `${path}, request ${i + 1}: ${f.status}`)
     }
+    // Read at once: the bucket refills 1 token per 100 s, so the retry shown
+    // is 100 s only within 1 s of the denials above (the other routes can
+    // take longer than that on a loaded machine).
+    if (path === '/draft-6') denied = comparable(await express(path))
   }
-  const denied = comparable(await express('/draft-6'))
+  if (denied === undefined) throw new Error('/draft-6 is one of ROUTES')
   t.equal(denied.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
   t.same(denied.headers, {
     'content-length': String(denied.body.length),
