@@ -1,16 +1,9 @@
-// Errors of the core, with no HTTP in them: a store call that failed, an
-// invalid option. The HTTP answers (429, 503, 500) belong to each adapter
-// (lib/adapters/fastify/errors.ts for Fastify, lib/adapters/express/middleware.ts for Express).
+// Errors of the core, with no HTTP in them: an invalid option, and (from
+// the store wing, lib/store/errors.ts) a store call that failed. The HTTP
+// answers (429, 503, 500) belong to each adapter (lib/adapters/fastify/
+// errors.ts for Fastify, lib/adapters/express/middleware.ts for Express).
 
-/** A store call that failed, timed out or was skipped by the breaker. */
-export class StoreError extends Error {
-  readonly code: string
-  constructor (code: 'TOLLGATE_STORE_TIMEOUT' | 'TOLLGATE_STORE_DOWN' | 'TOLLGATE_STORE_ERROR' | 'TOLLGATE_BREAKER_OPEN', message: string, options?: { cause?: unknown }) {
-    super(message, options)
-    this.name = 'StoreError'
-    this.code = code
-  }
-}
+export { StoreError } from '../store/errors.js'
 
 /** An invalid option: a TypeError naming the option, the value and what is expected. */
 export function optionError (name: string, value: unknown, expected: string): TypeError {

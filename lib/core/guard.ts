@@ -1,7 +1,8 @@
 import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
 import { StoreError } from './errors.js'
-import { OutageLog, scriptsRefused, type Timers } from './outage.js'
+import { OutageLog, type Timers } from './outage.js'
+import { scriptsRefused } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 

@@ -19,7 +19,7 @@
 // The period's timer and the clock are injected (tests drive them by hand);
 // the real timer is unref'd, so an outage never keeps a process alive.
 
-import type { StoreError } from './errors.js'
+import { scriptsRefused, type StoreError } from '../store/errors.js'
 import type { Clock } from './deadline.js'
 import type { FallbackCounts, Logger } from './types.js'
 
@@ -42,19 +42,6 @@ export const nodeTimers: Timers = {
 
 /** The default period of the summary line, ms. */
 export const DEFAULT_SUMMARY_MS = 30_000
-
-/**
- * Reply errors that say the server cannot run the scripts at all: EVALSHA,
- * EVAL or SCRIPT renamed away (`rename-command`), refused to this user
- * (an ACL without `@scripting`), or a server without a Lua engine (Valkey
- * with its Lua module not loaded).
- */
-const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPERM\b.*\b(?:evalsha|eval|script)\b|ERR Could not find scripting engine)/i
-
-/** True for an error that says the store cannot run the scripts. */
-export function scriptsRefused (cause: unknown): boolean {
-  return cause instanceof Error && NO_SCRIPTS.test(cause.message)
-}
 
 function zero (): FallbackCounts {
   return { local: 0, 'fail-open': 0, 'fail-closed': 0 }

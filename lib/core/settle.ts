@@ -32,13 +32,9 @@ import type { Guard } from './guard.js'
 import type { MemoryStore } from '../store/memory-store.js'
 import type { RedisStore } from '../store/redis-store.js'
 import type { BucketSpec, ReserveMark, StoreReply } from '../store/store.js'
-import type { Decision, DecisionSource, Logger, Policy } from './types.js'
+import type { Decision, DecisionSource, Logger, Policy, Reservation } from './types.js'
 
-/** A reserved cost, to be settled once with the actual cost. */
-export interface Reservation {
-  /** The decision of the reserve, as `consume` would give it. */
-  readonly decision: Decision
-}
+export type { Reservation } from './types.js'
 
 /** Where a reservation was spent: the shared store, the local fallback, or nowhere. */
 type Spent = 'store' | 'local' | undefined

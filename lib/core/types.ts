@@ -1,11 +1,14 @@
-// The public types never import ioredis: it is an optional peer, and a
-// declaration file that imports a package which is not installed fails to
-// compile without skipLibCheck. RedisClient therefore names only the members
-// tollgate uses, which ioredis 5's and 6's Redis and Cluster both have
-// (test/types/ioredis-majors.ts checks it against both).
+// The core's public types: decisions, policies, the limiter and its
+// options. The Redis client's type is the store wing's (lib/store/client.ts).
 
+import type { RedisClient } from '../store/client.js'
 import type { StoreError } from './errors.js'
-import type { Reservation } from './settle.js'
+
+/** A reserved cost, to be settled once with the actual cost. */
+export interface Reservation {
+  /** The decision of the reserve, as `consume` would give it. */
+  readonly decision: Decision
+}
 
 /** What a limit does when its store fails or misses its deadline. */
 export type FailureMode = 'open' | 'closed' | 'local'
@@ -98,15 +101,7 @@ export interface BreakerOptions {
   cooldownMs: number
 }
 
-/** An ioredis `Redis` or `Cluster` client, ioredis 5 or 6. tollgate never closes it. */
-export interface RedisClient {
-  readonly status: string
-  readonly isCluster: boolean
-  defineCommand (name: string, definition: { lua: string, numberOfKeys?: number }): void
-  connect (): Promise<void>
-  on (event: 'ready', listener: () => void): unknown
-  off (event: 'ready', listener: () => void): unknown
-}
+export type { RedisClient }
 
 /** Minimal logger: pino's and Fastify's loggers fit. */
 export interface Logger {

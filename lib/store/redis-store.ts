@@ -1,13 +1,12 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Cluster, Redis } from 'ioredis'
-import { StoreError } from '../core/errors.js'
-import { scriptsRefused } from '../core/outage.js'
+import { scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
 } from './store.js'
-import type { RedisClient as Client } from '../core/types.js'
+import type { RedisClient as Client } from './client.js'
 
 type RedisClient = Redis | Cluster
 

@@ -1,0 +1,25 @@
+// Errors of the store wing: what a store call ends in when it does not
+// answer, and how to tell a server that cannot run the scripts at all.
+
+/** A store call that failed, timed out or was skipped by the breaker. */
+export class StoreError extends Error {
+  readonly code: string
+  constructor (code: 'TOLLGATE_STORE_TIMEOUT' | 'TOLLGATE_STORE_DOWN' | 'TOLLGATE_STORE_ERROR' | 'TOLLGATE_BREAKER_OPEN', message: string, options?: { cause?: unknown }) {
+    super(message, options)
+    this.name = 'StoreError'
+    this.code = code
+  }
+}
+
+/**
+ * Reply errors that say the server cannot run the scripts at all: EVALSHA,
+ * EVAL or SCRIPT renamed away (`rename-command`), refused to this user
+ * (an ACL without `@scripting`), or a server without a Lua engine (Valkey
+ * with its Lua module not loaded).
+ */
+const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPERM\b.*\b(?:evalsha|eval|script)\b|ERR Could not find scripting engine)/i
+
+/** True for an error that says the store cannot run the scripts. */
+export function scriptsRefused (cause: unknown): boolean {
+  return cause instanceof Error && NO_SCRIPTS.test(cause.message)
+}
