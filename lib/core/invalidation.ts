@@ -1,6 +1,6 @@
 // Tells every app server of a fleet about the resets and refunds made on
 // any of them, so that no process-local cache (cached denials, leases)
-// outlives a change made elsewhere (SPEC section 10).
+// outlives a change made elsewhere (README "Fewer round trips").
 //
 // How: Redis pub/sub, one channel per key prefix (`<prefix>:changes`).
 // Once Redis has applied a reset or a refund, the server that made it

@@ -52,7 +52,7 @@ export interface GiveBack {
  * usable part: the decayed rest has come back by refill already.
  *
  * Proof that the fleet admits at most capacity + refill x w in any window
- * of length w (SPEC section 10). Let B be the bucket's tokens in Redis and
+ * of length w (README "Fewer round trips"). Let B be the bucket's tokens in Redis and
  * U_i the usable tokens of lease i, held anywhere in the fleet, taken by a
  * script that ran at r_i; V = B + sum of U_i.
  * (a) V grows only by refill. A refill raises B by at most refill per
@@ -272,7 +272,7 @@ interface Queue {
  * this server holds usable tokens of the bucket.
  *
  * Each waiter has its own deadline, `timeoutMs` from its arrival, and then
- * follows its failure mode (SPEC section 5). A batch that lands after the
+ * follows its failure mode (README "When Redis fails"). A batch that lands after the
  * request that asked for it left, with nobody else waiting, is kept for the
  * next requests; one whose call missed its deadline is given back as soon
  * as it lands. close() waits for the calls in flight and gives everything
