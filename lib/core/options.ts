@@ -1,9 +1,8 @@
 import { describe, optionError } from './errors.js'
-import { headersValueHint, limitValueHint, migrationHint, type Adapter } from './migrating.js'
+import { limitValueHint, migrationHint, type Adapter } from './migrating.js'
 import type { BreakerOptions, FailureMode, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
-export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
 export const HOOKS = ['onRequest', 'preHandler'] as const
 
 export const DEFAULT_TIMEOUT = 10
@@ -83,7 +82,7 @@ export function isFunction (value: unknown, name: string): void {
 }
 
 /** A coded option error with a hint after the value. */
-function hinted (name: string, value: unknown, expected: string, hint: string | undefined): TypeError {
+export function hinted (name: string, value: unknown, expected: string, hint: string | undefined): TypeError {
   const err = optionError(name, value, expected)
   return hint === undefined ? err : codedTypeError(`${err.message}: ${hint}`)
 }
@@ -91,13 +90,6 @@ function hinted (name: string, value: unknown, expected: string, hint: string | 
 /** `limit`: the plan function; a number is express-rate-limit's `limit`, and is told so. */
 export function planFunction (value: unknown, name: string): void {
   if (typeof value !== 'function') throw hinted(name, value, 'a function (request) => { capacity, refillPerSecond } or false, the plan of each request', limitValueHint(value))
-}
-
-/** `headers`: one of the modes; express-rate-limit's values are told their equivalent. */
-export function headerMode (value: unknown, name: string): void {
-  if (!(HEADER_MODES as readonly unknown[]).includes(value)) {
-    throw hinted(name, value, `one of ${HEADER_MODES.map((v) => describe(v)).join(', ')}`, headersValueHint(value))
-  }
 }
 
 export function isBoolean (value: unknown, name: string): void {
@@ -121,7 +113,7 @@ export function ipv6Subnet (value: unknown, name: string): void {
 }
 
 export function redisClient (value: unknown, name: string): asserts value is RedisClient {
-  if (!isRecord(value) || typeof value.defineCommand !== 'function' || typeof value.status !== 'string') {
+  if (!isRecord(value) || typeof value.evalsha !== 'function' || typeof value.status !== 'string') {
     throw optionError(name, value, 'an ioredis Redis or Cluster client')
   }
 }

@@ -30,7 +30,8 @@ const LIMITER_CHECKS = {
   }
 }
 
-const POLICY_CHECKS = {
+/** Checks of a core policy's fields, one per field; the http wing adds the route's own (lib/http/route.ts). */
+export const CORE_POLICY_CHECKS = {
   bucket: nonEmptyString,
   capacity: positiveNumber,
   refillPerSecond: positiveNumber,
@@ -47,7 +48,7 @@ const POLICY_CHECKS = {
 /** Checks a core policy; throws a TypeError naming the field (`adapter`: whose users wrote it, for the hints of other libraries' names). */
 export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapter = 'core'): asserts policy is Policy {
   if (!isRecord(policy)) throw optionError(where.slice(0, -1), policy, 'a policy object')
-  checkFields(policy, POLICY_CHECKS, where, {}, adapter)
+  checkFields(policy, CORE_POLICY_CHECKS, where, {}, adapter)
   for (const name of ['bucket', 'capacity', 'refillPerSecond', 'failureMode'] as const) {
     if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
   }

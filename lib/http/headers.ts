@@ -1,13 +1,25 @@
-// The rate-limit headers of section 6, for any framework: they are written
+// The rate-limit headers (README "Headers"), for any framework: they are written
 // through a sink, `set(target, name, value)`, which each adapter gives (a
 // Fastify reply's `header`, a Node response's `setHeader`). A sink that
 // takes its target, rather than a closure over it, costs no allocation per
 // request; `headerPairs` collects the same pairs into a list.
 
-import type { HEADER_MODES } from '../core/options.js'
+import { describe } from '../core/errors.js'
+import { headersValueHint } from '../core/migrating.js'
+import { hinted } from '../core/options.js'
 import type { Decision } from '../core/types.js'
 
+/** The header modes a route may set (`headers`); `false` sends none. */
+export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
+
 export type HeaderMode = (typeof HEADER_MODES)[number]
+
+/** `headers`: one of the modes; express-rate-limit's values are told their equivalent. */
+export function headerMode (value: unknown, name: string): void {
+  if (!(HEADER_MODES as readonly unknown[]).includes(value)) {
+    throw hinted(name, value, `one of ${HEADER_MODES.map((v) => describe(v)).join(', ')}`, headersValueHint(value))
+  }
+}
 
 /** A header value as the adapters pass it on: numbers are whole, written in decimal. */
 export type HeaderValue = string | number

@@ -1,13 +1,13 @@
 // One request's check, whatever the framework.
 //
-// An adapter (lib/adapters/fastify/plugin.ts for Fastify, lib/adapters/express/middleware.ts for Express) keeps
-// only what its framework needs: where the check runs, how a route is named,
+// An adapter (lib/adapters/fastify/plugin.ts for Fastify,
+// lib/adapters/express/middleware.ts for Express) keeps only what its
+// framework needs: where the check runs, how a route is named,
 // how headers are written and how a 429 is sent. The rest is here, so both
-// adapters decide alike and answer byte for byte alike:
+// adapters decide alike and answer byte for byte alike (their start-up is
+// lib/http/setup.ts):
 //
 //   compile  compileRoute (lib/http/route.ts), once per route;
-//   ready    whenReady, a bounded wait for the client and the scripts at
-//            start-up, so the first requests are decided by Redis;
 //   decide   RequestLayer.decide: allow -> client key -> the client's plan
 //            (`limit`, lib/http/tiers.ts) -> costs -> one store decision, a
 //            reserve on a route that settles (undefined when `allow` or
@@ -22,16 +22,15 @@
 // request object; a synchronous result is used as it is, so the common
 // synchronous `key` costs no promise.
 
-import { StoreError, describe } from '../core/errors.js'
+import { describe } from '../core/errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from '../core/keys.js'
 import type { Core } from '../core/limiter.js'
 import { costBound, maxCost } from '../core/policy.js'
 import { shownDecision } from './answer.js'
-import { storeTarget } from '../store/redis-store.js'
 import type { RequestFn, RouteLimit } from './route.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
-import type { Decision, Policy, RedisClient } from '../core/types.js'
+import type { Decision, Policy } from '../core/types.js'
 
 /** The client identity of requests without an address (as on a Unix socket). */
 export const NO_ADDRESS = 'no-address'
@@ -187,79 +186,4 @@ function denial (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number
 /** The JSON body of a denial, as Fastify's default error handler writes it. */
 export function denialBody (d: Denial): string {
   return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
-}
-
-/**
- * Waits, up to `ms`, for the client to be connected, then, within the same
- * budget, for the scripts to be loaded on every master, so that the first
- * requests are decided by Redis. A client created with `lazyConnect` is
- * asked to connect, since the limiter sends nothing to a client that is not
- * connected. True when the client is ready; never rejects.
- */
-export async function whenReady (core: Core, redis: RedisClient, ms: number): Promise<boolean> {
-  const started = Date.now()
-  await waitReady(redis, ms)
-  if (redis.status !== 'ready') return false
-  await within(core.warm(), ms - (Date.now() - started))
-  return true
-}
-
-/**
- * A made-up address chain to ask a proxy trust setting about: the socket's
- * address, then each hop's as X-Forwarded-For lists them from the nearest
- * out. Documentation addresses (RFC 5737): no real proxy has one, so a
- * setting that trusts all of them trusts any address at every hop.
- */
-export const PROBE_HOPS: readonly string[] = ['203.0.113.250', ...Array.from({ length: 8 }, (_, i) => `198.51.100.${i + 1}`)]
-
-/** A request as a framework's proxy resolution reads it: the socket at PROBE_HOPS[0], the hops, then a client. */
-export const PROBE_REQUEST = {
-  socket: { remoteAddress: PROBE_HOPS[0] },
-  headers: { 'x-forwarded-for': ['192.0.2.1', ...PROBE_HOPS.slice(1).reverse()].join(', ') }
-}
-
-/**
- * Whether a framework's proxy trust trusts every hop: `probe` asks it about
- * PROBE_REQUEST and answers true when every hop of PROBE_HOPS is trusted.
- * A probe that throws (a trust function of the app's that rejects made-up
- * input) counts as no.
- */
-export function trustsEveryHop (probe: (request: typeof PROBE_REQUEST) => boolean): boolean {
-  try {
-    return probe(PROBE_REQUEST)
-  } catch {
-    return false
-  }
-}
-
-/**
- * After a start-up wait that did not see the client ready: the store is
- * failing from the start (`limiter.state`, the metrics, the summaries while
- * it stays so), with one warning naming where the client connects.
- */
-export function notReady (core: Core, redis: RedisClient, ms: number): void {
-  const target = storeTarget(redis)
-  const err = new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${target} is not ready after ${ms} ms (status ${redis.status})`)
-  core.down(err, `tollgate: Redis at ${target} is not ready after ${ms} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
-}
-
-async function waitReady (redis: RedisClient, ms: number): Promise<void> {
-  if (redis.status === 'ready') return
-  if (redis.status === 'wait') redis.connect().catch(() => {})
-  await new Promise<void>((resolve) => {
-    const done = (): void => {
-      clearTimeout(timer)
-      redis.off('ready', done)
-      resolve()
-    }
-    const timer = setTimeout(done, ms)
-    redis.on('ready', done)
-  })
-}
-
-/** Waits for `promise` at most `ms` (never rejects). */
-async function within (promise: Promise<void>, ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined
-  await Promise.race([promise, new Promise<void>((resolve) => { timer = setTimeout(resolve, Math.max(0, ms)) })])
-  clearTimeout(timer)
 }

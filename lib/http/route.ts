@@ -11,71 +11,39 @@
 // policy. An adapter adds its own route settings through a `Dialect`.
 
 import { optionError } from '../core/errors.js'
-import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { createCore, type Core } from '../core/limiter.js'
-import { checkPolicies, checkPolicy } from '../core/policy.js'
-import {
-  DEFAULT_PREFIX, FAILURE_MODES, breaker, checkFields, cost, denialCache, headerMode, ipv6Subnet, isBoolean, isFunction, isRecord, keyPrefix, lease,
-  localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, planFunction, positiveInteger, positiveNumber, redisClient
-} from '../core/options.js'
+import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
+import { CORE_POLICY_CHECKS, checkPolicies, checkPolicy } from '../core/policy.js'
+import { checkFields, cost, isFunction, isRecord, planFunction } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
-import type { LimiterOptions, Logger, Policy } from '../core/types.js'
+import type { Policy } from '../core/types.js'
 
 type Check = (value: unknown, name: string) => void
 
-/** Options every adapter takes per route as well as for itself. */
+/**
+ * Options every adapter takes per route as well as for itself: a core
+ * policy's fields (checked as the core checks them), with `cost` that may be
+ * a function of the request, and the route's own settings.
+ */
 export const POLICY_CHECKS: Record<string, Check> = {
-  capacity: positiveNumber,
-  refillPerSecond: positiveNumber,
+  ...CORE_POLICY_CHECKS,
   cost,
-  failureMode: oneOf(FAILURE_MODES),
-  local: localPolicy,
   key: isFunction,
-  bucket: nonEmptyString,
-  timeout: positiveNumber,
   headers: headerMode,
   allow: isFunction,
-  lease,
   limit: planFunction,
-  settle: isFunction,
-  shadow: isBoolean,
-  lockout,
-  maxWaitMs
-}
-
-/** Options of the store, set once per adapter instance. */
-export const STORE_CHECKS: Record<string, Check> = {
-  redis: redisClient,
-  prefix: keyPrefix,
-  ipv6Subnet,
-  breaker,
-  denialCache,
-  metrics: metricsOption,
-  maxWaiters: positiveInteger,
-  outageSummaryMs
-}
-
-/** An adapter's core, from its store options (checked with STORE_CHECKS) and its logger. */
-export function adapterCore (options: LimiterOptions, logger: Logger): Core {
-  return createCore({
-    redis: options.redis,
-    prefix: options.prefix ?? DEFAULT_PREFIX,
-    timeout: options.timeout,
-    breaker: options.breaker,
-    denialCache: options.denialCache,
-    metrics: options.metrics,
-    maxWaiters: options.maxWaiters,
-    outageSummaryMs: options.outageSummaryMs,
-    logger
-  })
+  settle: isFunction
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
 export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow', 'settle']
 
-/** Settings that only a route has, refused in a programmatic policy. */
+/**
+ * Settings that only a route has, refused in a programmatic policy. Its plans
+ * (`limit`) are left to the unknown-option error, which tells tollgate's
+ * function from express-rate-limit's number (lib/core/migrating.ts).
+ */
 const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow', 'settle']
 
 /**

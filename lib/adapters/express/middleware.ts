@@ -53,10 +53,11 @@ import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
 import type { Core } from '../../core/limiter.js'
 import { checkFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
-import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Decided, type Denial } from '../../http/request.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
+import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import { takeReservation, type Pending } from '../../http/settle-route.js'
 import type { Tier } from '../../http/tiers.js'
-import { POLICY_CHECKS, STORE_CHECKS, adapterCore, checkDefaults, pick, programmaticPolicies, type RouteLimit } from '../../http/route.js'
+import { POLICY_CHECKS, checkDefaults, pick, programmaticPolicies, type RouteLimit } from '../../http/route.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from '../../core/types.js'
 
 export { APP_BUCKET, MAX_NAMES }

@@ -33,9 +33,10 @@ import { BadRequestInputError, RateLimitedError, UnavailableError } from './erro
 import {
   HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
 } from '../../core/options.js'
-import { NO_ADDRESS, PROBE_HOPS, RequestLayer, answer, denialBody, notReady, trustsEveryHop, whenReady, type Denial } from '../../http/request.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, type Denial } from '../../http/request.js'
+import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import {
-  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, STORE_CHECKS, adapterCore, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
+  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type RouteLimit
 } from '../../http/route.js'
 import { RESERVATION, takeReservation } from '../../http/settle-route.js'
