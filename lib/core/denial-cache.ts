@@ -1,4 +1,5 @@
 import { LruMap } from 'toad-cache'
+import { monotonic, type Clock } from './deadline.js'
 import { Marks } from './marks.js'
 import type { BucketSpec } from '../store/store.js'
 import type { Decision } from './types.js'
@@ -52,8 +53,10 @@ export class DenialCache {
   readonly #entries: LruMap<Denial>
   readonly #maxAgeMs: number
   readonly #marks: Marks
+  readonly #clock: Clock
 
-  constructor (maxKeys: number, maxAgeMs = DEFAULT_MAX_AGE_MS) {
+  constructor (maxKeys: number, maxAgeMs = DEFAULT_MAX_AGE_MS, clock: Clock = monotonic) {
+    this.#clock = clock
     this.#entries = new LruMap<Denial>(maxKeys)
     this.#maxAgeMs = maxAgeMs
     this.#marks = new Marks(maxKeys)
@@ -67,7 +70,7 @@ export class DenialCache {
   get (id: string, specs: readonly BucketSpec[]): Decision | undefined {
     const entry = this.#entries.get(id)
     if (entry === undefined) return undefined
-    const now = performance.now()
+    const now = this.#clock()
     if (now >= entry.until) {
       this.#entries.delete(id)
       return undefined

@@ -40,12 +40,12 @@
 
 import { randomUUID } from 'node:crypto'
 import type { Cluster, Redis, RedisOptions } from 'ioredis'
-import { Deadlines } from './deadline.js'
+import { Deadlines, monotonic, type Clock } from './deadline.js'
 import type { Logger, RedisClient } from './types.js'
 
 type Client = Redis | Cluster
 
-/** What the limiter does with the changes it hears of; `at` is performance.now() on arrival. */
+/** What the limiter does with the changes it hears of; `at` is the limiter's monotonic clock on arrival. */
 export interface ChangeHandlers {
   reset (key: string, at: number): void
   refund (keys: readonly string[], at: number): void
@@ -75,7 +75,8 @@ export class Invalidations {
   readonly #id = randomUUID()
   readonly #handlers: ChangeHandlers
   readonly #logger: Logger | undefined
-  readonly #deadlines = new Deadlines()
+  readonly #deadlines: Deadlines
+  readonly #clock: Clock
   #subscriber: Redis | undefined
   /** A connection was lost or refused since the last subscription started. */
   #gap = false
@@ -84,7 +85,9 @@ export class Invalidations {
   /** A SUBSCRIBE, or a PUBLISH, failed since the last success: logged once. */
   #refused = { subscribe: false, publish: false }
 
-  constructor (client: RedisClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined) {
+  constructor (client: RedisClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined, clock: Clock = monotonic) {
+    this.#clock = clock
+    this.#deadlines = new Deadlines(clock)
     this.#client = client as Client
     this.#channel = `${prefix}:changes`
     this.#handlers = handlers
@@ -143,7 +146,7 @@ export class Invalidations {
       if (this.#subscriber !== sub) return
       this.#retryMs = RETRY_MIN_MS
       this.#refused.subscribe = false
-      if (this.#gap) this.#handlers.resubscribed(performance.now())
+      if (this.#gap) this.#handlers.resubscribed(this.#clock())
       this.#gap = false
     }, (err: unknown) => {
       if (this.#subscriber !== sub) return
@@ -171,7 +174,7 @@ export class Invalidations {
     if (typeof parsed !== 'object' || parsed === null) return
     const { from, reset, refund } = parsed as Record<string, unknown>
     if (from === this.#id) return
-    const at = performance.now()
+    const at = this.#clock()
     if (isKeys(reset)) for (const key of reset) this.#handlers.reset(key, at)
     else if (isKeys(refund)) this.#handlers.refund(refund, at)
   }

@@ -1,7 +1,8 @@
 import diagnostics from 'node:diagnostics_channel'
 import { DEFAULT_MAX_AGE_MS, DenialCache } from './denial-cache.js'
 import { optionError, type StoreError } from './errors.js'
-import { monotonic } from './deadline.js'
+import { realTime, type Time } from './clock.js'
+import { batchHoldMs, closedRetryMs, extOutcome, failed, fallbackOf, shadowed, special, summarize, timeoutOf, type ExtOutcome } from './decisions.js'
 import { Guard } from './guard.js'
 import { Invalidations } from './invalidation.js'
 import { LeaseBook, LeaseFlights, type LeaseCalls } from './lease.js'
@@ -14,7 +15,7 @@ import { processWarnings } from './process-warnings.js'
 import { RedisStore } from '../store/redis-store.js'
 import { settlements, type Reservation } from './settle.js'
 import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from '../store/store.js'
-import type { Decision, DecisionSource, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
+import type { Decision, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
 import { Waiters } from './waiters.js'
 
 /**
@@ -51,14 +52,6 @@ export interface Core {
 /** Published for every decision: `{ key, decision }`. */
 export const decisionChannel = diagnostics.channel('tollgate:decision')
 
-/** Whether a list takes the path of lib's extras: shadow mode, a lockout or a reservation. */
-function special (list: readonly Policy[]): boolean {
-  for (const policy of list) {
-    if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
-  }
-  return false
-}
-
 /**
  * The framework-free limiter: token buckets in Redis (or, without `redis`,
  * in this process), decided atomically, with each policy's failure mode
@@ -68,31 +61,37 @@ export function createLimiter (options: LimiterOptions = {}): Limiter {
   return createCore(options).limiter
 }
 
-/** The limiter and the adapters' entries to it, over one store. */
-export function createCore (options: LimiterOptions = {}): Core {
+/**
+ * The limiter and the adapters' entries to it, over one store. Every
+ * duration, wait and in-process bucket reads `time` (lib/core/clock.ts):
+ * tests pass a fake one and move it by hand.
+ */
+export function createCore (options: LimiterOptions = {}, time: Time = realTime): Core {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
   checkLimiterOptions(input)
   const prefix = options.prefix ?? DEFAULT_PREFIX
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
-  const memory = new MemoryStore()
-  const localStore = new MemoryStore({ maxKeys: 10_000 })
-  const waiters = new Waiters(options.maxWaiters ?? 1000)
+  const clock = (): number => time.now()
+  const micros = (): number => time.micros()
+  const memory = new MemoryStore({ now: micros })
+  const localStore = new MemoryStore({ maxKeys: 10_000, now: micros })
+  const waiters = new Waiters(options.maxWaiters ?? 1000, clock, { set: (fn, ms) => time.hold(fn, ms), clear: (handle) => { time.clear(handle) } })
   const redis = options.redis === undefined ? undefined : new RedisStore(options.redis)
   const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, redis !== undefined)
   // Without a logger, the core's lines are process warnings (lib/core/process-warnings.ts): never silent.
   const logger = options.logger ?? processWarnings
   const guard = redis === undefined
     ? undefined
-    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, logger, monotonic, metrics, { summaryMs: options.outageSummaryMs, target: redis.target })
-  const leases = new LeaseBook(10_000)
+    : new Guard(redis, { ...DEFAULT_BREAKER, ...options.breaker }, logger, clock, metrics, { summaryMs: options.outageSummaryMs, target: redis.target })
+  const leases = new LeaseBook(10_000, clock)
   let flights: LeaseFlights | undefined
   const checked = new WeakSet<object>()
   const denials = guard === undefined || options.denialCache === false
     ? undefined
-    : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS)
-  const changes = denials === undefined ? undefined : fleetChanges(options.redis as RedisClient, prefix, denials, leases, logger)
-  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger, refunded, summarize, failed })
+    : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS, clock)
+  const changes = denials === undefined ? undefined : fleetChanges(options.redis as RedisClient, prefix, denials, leases, logger, clock)
+  const book = settlements({ redis, guard, memory, local: localStore, denials, defaultTimeout, logger, refunded, clock })
 
   /** A refund applied in Redis, already applied to this server's cached denials: the other servers'. */
   async function refunded (specs: readonly BucketSpec[]): Promise<void> {
@@ -159,9 +158,7 @@ export function createCore (options: LimiterOptions = {}): Core {
       if (consume) return leased(guard, redis as RedisStore, only, only.lease, specs).then(out)
       return leasedPeek(guard, only, only.lease, specs[0] as BucketSpec).then(out)
     }
-    let timeout = Infinity
-    for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
-    return guard.decide(specs, consume, timeout, (reply, sentAt) => {
+    return guard.decide(specs, consume, timeoutOf(list, defaultTimeout), (reply, sentAt) => {
       const decision = summarize(list, reply, 'store')
       if (!decision.allowed && consume) denials?.set(id, specs, decision, sentAt)
       return out(decision)
@@ -224,14 +221,14 @@ export function createCore (options: LimiterOptions = {}): Core {
       if (spec.mayWait) waiters.release()
       return decision
     }
-    const started = performance.now()
+    const started = clock()
     const leftMs = await waiters.wait(delayUs / 1000)
-    if (leftMs === 0) return { ...decision, waitedMs: performance.now() - started }
+    if (leftMs === 0) return { ...decision, waitedMs: clock() - started }
     return { ...decision, allowed: false, retryAfterMs: leftMs }
   }
 
   async function extStore (guard: Guard, store: RedisStore, policy: Policy, spec: ExtSpec, consume: boolean): Promise<ExtOutcome> {
-    const sentAt = performance.now()
+    const sentAt = clock()
     let reply: ExtReply
     try {
       reply = await guard.run(() => store.decideExt(spec, consume), policy.timeout ?? defaultTimeout, [spec])
@@ -318,25 +315,11 @@ export function createCore (options: LimiterOptions = {}): Core {
   }
 
   function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], consume: boolean): Decision {
-    if (list.some((p) => p.failureMode === 'closed' && p.shadow !== true)) {
-      guard.fellBack('fail-closed')
-      return failed(list, 'fail-closed', Math.max(1000, guard.cooldownLeftMs))
-    }
-    const localList: Policy[] = []
-    const localSpecs: BucketSpec[] = []
-    for (let i = 0; i < list.length; i++) {
-      const policy = list[i] as Policy
-      if (policy.failureMode !== 'local' || policy.local === undefined) continue
-      const spec = specs[i] as BucketSpec
-      localList.push({ ...policy, capacity: policy.local.capacity, refillPerSecond: policy.local.refillPerSecond })
-      localSpecs.push({ key: spec.key, capacity: policy.local.capacity, refillPerSecond: policy.local.refillPerSecond, cost: spec.cost })
-    }
-    if (localList.length === 0) {
-      guard.fellBack('fail-open')
-      return failed(list, 'fail-open', 0)
-    }
-    guard.fellBack('local')
-    return summarize(localList, localStore.decideSync(localSpecs, consume), 'local')
+    const plan = fallbackOf(list, specs)
+    guard.fellBack(plan.mode)
+    if (plan.mode === 'fail-closed') return failed(list, 'fail-closed', closedRetryMs(guard.cooldownLeftMs))
+    if (plan.mode === 'fail-open') return failed(list, 'fail-open', 0)
+    return summarize(plan.list, localStore.decideSync(plan.specs, consume), 'local')
   }
 
   const limiter: Limiter = {
@@ -367,7 +350,7 @@ export function createCore (options: LimiterOptions = {}): Core {
       await guard.reset(key, defaultTimeout)
       // Again once Redis has applied it: a call in flight meanwhile may have
       // been decided before the reset, and its reply comes after.
-      const at = performance.now()
+      const at = clock()
       denials?.reset(key, at)
       leases.forget(key)
       await changes?.reset(key, defaultTimeout)
@@ -398,7 +381,7 @@ export function createCore (options: LimiterOptions = {}): Core {
  * The other app servers' resets and refunds (lib/core/invalidation.ts), applied
  * to this server's cached denials and leases as its own are.
  */
-function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined): Invalidations {
+function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined, clock: () => number): Invalidations {
   return new Invalidations(redis, prefix, {
     reset (key, at) {
       denials.reset(key, at)
@@ -406,71 +389,5 @@ function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache,
     },
     refund: (keys, at) => { denials.refunded(keys, at) },
     resubscribed: (at) => { denials.distrust(at) }
-  }, logger)
-}
-
-/** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */
-function batchHoldMs (policy: Policy, lease: NonNullable<Policy['lease']>, cost: number): number {
-  return Math.max(0, Math.min(lease.tokens, policy.capacity) - cost) / policy.refillPerSecond * 1000
-}
-
-function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
-  const decisions: Decision[] = []
-  let binding = 0
-  for (let i = 0; i < list.length; i++) {
-    const policy = list[i] as Policy
-    const bucket = reply.buckets[i] as StoreReply['buckets'][number]
-    const decision: Decision = {
-      allowed: bucket.waitUs === 0,
-      limit: policy.capacity,
-      remaining: wholeTokens(bucket.remaining),
-      resetMs: bucket.fullInUs / 1000,
-      retryAfterMs: bucket.waitUs / 1000,
-      source,
-      bucket: policy.bucket
-    }
-    decisions.push(decision)
-    const best = decisions[binding] as Decision
-    if (reply.allowed ? decision.remaining < best.remaining : decision.retryAfterMs > best.retryAfterMs) binding = i
-  }
-  const chosen = decisions[binding] as Decision
-  if (decisions.length === 1) return chosen
-  return { ...chosen, allowed: reply.allowed, policies: decisions }
-}
-
-function failed (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number): Decision {
-  const decisions = list.map((policy): Decision => ({
-    allowed: source === 'fail-open',
-    limit: policy.capacity,
-    remaining: 0,
-    resetMs: 0,
-    retryAfterMs,
-    source,
-    bucket: policy.bucket
-  }))
-  const chosen = decisions.find((_, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
-  return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
-}
-
-/**
- * A shadow policy's decision: a denial becomes a would-be denial, allowed,
- * flagged `shadow`, with what the limit would have said.
- */
-function shadowed (decision: Decision): Decision {
-  if (decision.allowed) return decision
-  const out: Decision = { ...decision, allowed: true, shadow: true }
-  if (decision.policies !== undefined) out.policies = decision.policies.map((d) => d.allowed ? d : { ...d, allowed: true, shadow: true })
-  return out
-}
-
-/** A decision of lua/token-bucket-ext.lua (or the MemoryStore's), and how long to wait before using its tokens. */
-interface ExtOutcome {
-  decision: Decision
-  delayUs: number
-}
-
-function extOutcome (policy: Policy, reply: ExtReply, source: DecisionSource): ExtOutcome {
-  const decision = summarize([policy], { allowed: reply.allowed, buckets: [reply.bucket] }, source)
-  if (reply.locked) decision.locked = true
-  return { decision, delayUs: reply.delayUs }
+  }, logger, clock)
 }

@@ -26,13 +26,15 @@
 // behind a dead store). One that fails is logged, counted, and rejected
 // with the StoreError: the reservation then stands as it was charged.
 
+import type { Clock } from './deadline.js'
+import { closedRetryMs, failed, fallbackOf, summarize, timeoutOf } from './decisions.js'
 import type { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import type { Guard } from './guard.js'
 import type { MemoryStore } from '../store/memory-store.js'
 import type { RedisStore } from '../store/redis-store.js'
-import type { BucketSpec, ReserveMark, StoreReply } from '../store/store.js'
-import type { Decision, DecisionSource, Logger, Policy, Reservation } from './types.js'
+import type { BucketSpec, ReserveMark } from '../store/store.js'
+import type { Decision, Logger, Policy, Reservation } from './types.js'
 
 export type { Reservation } from './types.js'
 
@@ -69,8 +71,8 @@ export interface SettleDeps {
   logger: Logger | undefined
   /** A refund was applied in the store: tells the caches of every app server. */
   refunded?: (specs: readonly BucketSpec[]) => Promise<void>
-  summarize: (list: readonly Policy[], reply: StoreReply, source: DecisionSource) => Decision
-  failed: (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number) => Decision
+  /** Monotonic ms, the limiter's. */
+  clock: Clock
 }
 
 export interface Settlements {
@@ -85,18 +87,17 @@ export function settlements (deps: SettleDeps): Settlements {
   let failures = 0
 
   function reserve (list: readonly Policy[], specs: readonly BucketSpec[]): Promise<Reservation> {
-    let timeoutMs = Infinity
-    for (const policy of list) timeoutMs = Math.min(timeoutMs, policy.timeout ?? defaultTimeout)
+    const timeoutMs = timeoutOf(list, defaultTimeout)
     if (guard === undefined) {
       const reply = memory.reserveSync(specs)
-      return Promise.resolve(held(deps.summarize(list, reply, 'store'), specs, 'store', timeoutMs, reply.marks))
+      return Promise.resolve(held(summarize(list, reply, 'store'), specs, 'store', timeoutMs, reply.marks))
     }
     const id = specs.map((s) => s.key).join('\n')
     const cached = denials?.get(id, specs)
     if (cached !== undefined) return Promise.resolve(held(cached, specs, undefined, timeoutMs))
-    const sentAt = performance.now()
+    const sentAt = deps.clock()
     return guard.run(() => (redis as RedisStore).reserve(specs), timeoutMs, specs).then((reply) => {
-      const decision = deps.summarize(list, reply, 'store')
+      const decision = summarize(list, reply, 'store')
       if (!decision.allowed) denials?.set(id, specs, decision, sentAt)
       return held(decision, specs, 'store', timeoutMs, reply.marks)
     }, () => fallback(guard, list, specs, timeoutMs))
@@ -104,24 +105,12 @@ export function settlements (deps: SettleDeps): Settlements {
 
   /** The failure modes, as the limiter's consume applies them; 'local' reserves in the local store. */
   function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], timeoutMs: number): Reservation {
-    if (list.some((p) => p.failureMode === 'closed')) {
-      guard.fellBack('fail-closed')
-      return held(deps.failed(list, 'fail-closed', Math.max(1000, guard.cooldownLeftMs)), specs, undefined, timeoutMs)
-    }
-    const localList: Policy[] = []
-    const localSpecs: BucketSpec[] = []
-    list.forEach((policy, i) => {
-      if (policy.failureMode !== 'local' || policy.local === undefined) return
-      localList.push({ ...policy, ...policy.local })
-      localSpecs.push({ ...(specs[i] as BucketSpec), ...policy.local })
-    })
-    if (localList.length === 0) {
-      guard.fellBack('fail-open')
-      return held(deps.failed(list, 'fail-open', 0), specs, undefined, timeoutMs)
-    }
-    guard.fellBack('local')
-    const reply = local.reserveSync(localSpecs)
-    return held(deps.summarize(localList, reply, 'local'), localSpecs, 'local', timeoutMs, reply.marks)
+    const plan = fallbackOf(list, specs)
+    guard.fellBack(plan.mode)
+    if (plan.mode === 'fail-closed') return held(failed(list, 'fail-closed', closedRetryMs(guard.cooldownLeftMs)), specs, undefined, timeoutMs)
+    if (plan.mode === 'fail-open') return held(failed(list, 'fail-open', 0), specs, undefined, timeoutMs)
+    const reply = local.reserveSync(plan.specs)
+    return held(summarize(plan.list, reply, 'local'), plan.specs, 'local', timeoutMs, reply.marks)
   }
 
   function held (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number, marks: readonly ReserveMark[] = []): Held {
@@ -146,7 +135,7 @@ export function settlements (deps: SettleDeps): Settlements {
 
   /** Drops the cached denials a refund can make wrong (DenialCache.refunded); of a refund in the store, every server's. */
   async function forgetDenials (cache: DenialCache, specs: readonly BucketSpec[], spent: Spent): Promise<void> {
-    cache.refunded(specs.map((s) => s.key), performance.now())
+    cache.refunded(specs.map((s) => s.key), deps.clock())
     if (spent === 'store') await deps.refunded?.(specs)
   }
 

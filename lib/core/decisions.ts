@@ -1,0 +1,124 @@
+// Decisions from replies, and the failure modes, written once. Pure: no
+// store, no clock, no I/O; the limiter (lib/core/limiter.ts) and the
+// settlements (lib/core/settle.ts) both build their decisions here.
+
+import type { BucketSpec, ExtReply, StoreReply } from '../store/store.js'
+import { wholeTokens } from '../store/store.js'
+import type { Decision, DecisionSource, Policy } from './types.js'
+
+/**
+ * One decision per policy from a store's reply; for several, the binding
+ * one (the fewest left when allowed, the longest wait when denied), with
+ * every policy's under `policies`.
+ */
+export function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
+  const decisions: Decision[] = []
+  let binding = 0
+  for (let i = 0; i < list.length; i++) {
+    const policy = list[i] as Policy
+    const bucket = reply.buckets[i] as StoreReply['buckets'][number]
+    const decision: Decision = {
+      allowed: bucket.waitUs === 0,
+      limit: policy.capacity,
+      remaining: wholeTokens(bucket.remaining),
+      resetMs: bucket.fullInUs / 1000,
+      retryAfterMs: bucket.waitUs / 1000,
+      source,
+      bucket: policy.bucket
+    }
+    decisions.push(decision)
+    const best = decisions[binding] as Decision
+    if (reply.allowed ? decision.remaining < best.remaining : decision.retryAfterMs > best.retryAfterMs) binding = i
+  }
+  const chosen = decisions[binding] as Decision
+  if (decisions.length === 1) return chosen
+  return { ...chosen, allowed: reply.allowed, policies: decisions }
+}
+
+/** The decision of a store that did not answer, failing open or closed. */
+export function failed (list: readonly Policy[], source: 'fail-open' | 'fail-closed', retryAfterMs: number): Decision {
+  const decisions = list.map((policy): Decision => ({
+    allowed: source === 'fail-open',
+    limit: policy.capacity,
+    remaining: 0,
+    resetMs: 0,
+    retryAfterMs,
+    source,
+    bucket: policy.bucket
+  }))
+  const chosen = decisions.find((_, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
+  return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
+}
+
+/**
+ * What a list of policies does when the store failed or missed its
+ * deadline: any enforced 'closed' policy closes the request; else the
+ * 'local' policies decide it on the in-process store, at their local
+ * sizes (same keys); with none, it fails open.
+ */
+export type Fallback =
+  | { readonly mode: 'fail-closed' }
+  | { readonly mode: 'fail-open' }
+  | { readonly mode: 'local', readonly list: readonly Policy[], readonly specs: readonly BucketSpec[] }
+
+export function fallbackOf (list: readonly Policy[], specs: readonly BucketSpec[]): Fallback {
+  if (list.some((p) => p.failureMode === 'closed' && p.shadow !== true)) return { mode: 'fail-closed' }
+  const localList: Policy[] = []
+  const localSpecs: BucketSpec[] = []
+  for (let i = 0; i < list.length; i++) {
+    const policy = list[i] as Policy
+    if (policy.failureMode !== 'local' || policy.local === undefined) continue
+    const { capacity, refillPerSecond } = policy.local
+    localList.push({ ...policy, capacity, refillPerSecond })
+    localSpecs.push({ key: (specs[i] as BucketSpec).key, capacity, refillPerSecond, cost: (specs[i] as BucketSpec).cost })
+  }
+  return localList.length === 0 ? { mode: 'fail-open' } : { mode: 'local', list: localList, specs: localSpecs }
+}
+
+/** How long a request closed by an outage is told to wait: the breaker's rest, at least a second. */
+export function closedRetryMs (cooldownLeftMs: number): number {
+  return Math.max(1000, cooldownLeftMs)
+}
+
+/**
+ * A shadow policy's decision: a denial becomes a would-be denial, allowed,
+ * flagged `shadow`, with what the limit would have said.
+ */
+export function shadowed (decision: Decision): Decision {
+  if (decision.allowed) return decision
+  const out: Decision = { ...decision, allowed: true, shadow: true }
+  if (decision.policies !== undefined) out.policies = decision.policies.map((d) => d.allowed ? d : { ...d, allowed: true, shadow: true })
+  return out
+}
+
+/** Whether a list takes the path of the extras: shadow mode, a lockout or a reservation. */
+export function special (list: readonly Policy[]): boolean {
+  for (const policy of list) {
+    if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
+  }
+  return false
+}
+
+/** A decision of lua/token-bucket-ext.lua (or the MemoryStore's), and how long to wait before using its tokens. */
+export interface ExtOutcome {
+  decision: Decision
+  delayUs: number
+}
+
+export function extOutcome (policy: Policy, reply: ExtReply, source: DecisionSource): ExtOutcome {
+  const decision = summarize([policy], { allowed: reply.allowed, buckets: [reply.bucket] }, source)
+  if (reply.locked) decision.locked = true
+  return { decision, delayUs: reply.delayUs }
+}
+
+/** How much longer than `cost` tokens a whole lease batch takes to refill, ms. */
+export function batchHoldMs (policy: Policy, lease: NonNullable<Policy['lease']>, cost: number): number {
+  return Math.max(0, Math.min(lease.tokens, policy.capacity) - cost) / policy.refillPerSecond * 1000
+}
+
+/** The smallest deadline of a list's policies, ms. */
+export function timeoutOf (list: readonly Policy[], defaultTimeout: number): number {
+  let timeout = Infinity
+  for (const policy of list) timeout = Math.min(timeout, policy.timeout ?? defaultTimeout)
+  return timeout
+}
