@@ -1,0 +1,43 @@
+// Pure parts of the request wing and the core's validation: headers per
+// mode, client ids in keys, policy checks with their messages. No Redis.
+
+import t from 'tap'
+import { clientId, ipIdentity } from '../../lib/core/keys.js'
+import { checkPolicy } from '../../lib/core/policy.js'
+import { PolicyHeaders, headerMode, headerPairs } from '../../lib/http/headers.js'
+import type { Decision } from '../../lib/core/types.js'
+
+const policies = new PolicyHeaders([{ bucket: 'api', capacity: 10, refillPerSecond: 1 }], [{ bucket: 'api', capacity: 2, refillPerSecond: 1 }])
+const denial: Decision = { allowed: false, limit: 10, remaining: 0, resetMs: 9500, retryAfterMs: 1200, source: 'store', bucket: 'api' }
+
+t.test('headers: each mode, and Retry-After on every denial (seconds, rounded up)', async (t) => {
+  t.same(headerPairs('draft-6', denial, policies), [
+    ['ratelimit-limit', 10], ['ratelimit-remaining', 0], ['ratelimit-reset', 10], ['ratelimit-policy', '10;w=10'], ['retry-after', 2]
+  ])
+  t.same(headerPairs('draft-10', denial, policies), [['ratelimit-policy', '"api";q=10;w=10'], ['ratelimit', '"api";r=0;t=2'], ['retry-after', 2]])
+  t.same(headerPairs('legacy', denial, policies).map(([n]) => n), ['x-ratelimit-limit', 'x-ratelimit-remaining', 'x-ratelimit-reset', 'retry-after'])
+  t.same(headerPairs(false, denial, policies), [['retry-after', 2]])
+  t.same(headerPairs('draft-6', { ...denial, source: 'local', limit: 2 }, policies)[3], ['ratelimit-policy', '2;w=2'], 'the local fallback describes its own sizes')
+  t.throws(() => { headerMode('draft-8', 'headers') }, /headers/)
+})
+
+t.test('keys: safe ids stay readable, hostile ones are hashed into a safe tag', async (t) => {
+  t.equal(clientId('alice'), 'alice')
+  for (const hostile of ['a}b', '{x}', 'a b', 'x'.repeat(500), 'bob\ud800', 'bob\ufffd']) {
+    const id = clientId(hostile)
+    t.match(id, /^#[A-Za-z0-9_-]{26}$/, `${JSON.stringify(hostile.slice(0, 12))} is hashed`)
+  }
+  t.not(clientId('bob\ud800'), clientId('bob\ufffd'), 'a lone surrogate does not share a bucket with U+FFFD')
+  t.equal(ipIdentity('::ffff:10.0.0.1', 64), '10.0.0.1')
+  t.equal(ipIdentity('2001:db8::1', 64), ipIdentity('2001:db8::ffff:1', 64), 'one /64, one bucket')
+})
+
+t.test('policy checks name the field, the value and what is expected', async (t) => {
+  const good = { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' }
+  t.doesNotThrow(() => { checkPolicy(good) })
+  t.throws(() => { checkPolicy({ ...good, capacity: 0 }) }, /policy\.capacity/)
+  t.throws(() => { checkPolicy({ ...good, failureMode: 'sometimes' }) }, /policy\.failureMode/)
+  t.throws(() => { checkPolicy({ ...good, timeout: 1e12 }) }, /policy\.timeout/)
+  t.throws(() => { checkPolicy({ ...good, windowMs: 1000 }) }, /windowMs/)
+  t.throws(() => { checkPolicy('b') }, /policy/)
+})
