@@ -1,4 +1,4 @@
-// tollgate/express bucket names (SPEC section 9, "Buckets"): from the
+// tollgate/express bucket names (README "How it maps onto the plugin"): from the
 // declared mount path and route pattern, never from the URL's spelling of
 // them, on Express 5 and Express 4 (installed as `express4`), on a real
 // Redis. Attacked with case variants, percent-encoded variants, trailing

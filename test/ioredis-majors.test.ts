@@ -1,8 +1,8 @@
 // tollgate against both ioredis majors it supports (the peer range is
 // ^5.4.0 || ^6.0.0): the same checks with ioredis 5 (`ioredis`) and
 // ioredis 6 (the `ioredis6` npm alias), through every member of the client
-// tollgate uses: its own script commands (defineCommand, EVALSHA with the EVAL
-// fallback, NOSCRIPT recovery), status, connect and the ready event, SCRIPT
+// tollgate uses: its own script calls (EVALSHA with the EVAL fallback,
+// NOSCRIPT recovery), status, connect and the ready event, SCRIPT
 // LOAD on every master, DEL, and a Cluster's master list.
 
 import Fastify from 'fastify'

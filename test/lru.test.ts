@@ -1,4 +1,4 @@
-// Size caps of the in-process structures (SPEC section 10): the in-process
+// Size caps of the in-process structures (README "Fewer round trips"): the in-process
 // store, the local fallback (both MemoryStore) and the denial cache keep at
 // most their cap of entries, drop the least recently used first, and a new
 // client id costs about as much when they are full as when they are not.
@@ -8,7 +8,7 @@
 // machine's other load disturbed least). A loaded machine slows both sides
 // alike, so the ratio holds where an absolute figure would not. Each round
 // is thousands of operations, so one timer tick or one GC pause cannot move
-// it much. Per request the bound is the SPEC's 2x (measured: 1.0x-1.3x).
+// it much. Per request the bound is 2x (measured: 1.0x-1.3x).
 
 import { Redis } from 'ioredis'
 import t from 'tap'
@@ -55,7 +55,7 @@ async function deadClient (): Promise<Redis> {
 
 const policy: Policy = { bucket: 'GET /x', capacity: 10, refillPerSecond: 1, failureMode: 'local', local: { capacity: 10, refillPerSecond: 1 } }
 
-// Per request, through the limiter: the SPEC's 2x.
+// Per request, through the limiter: at the cap, at most 2x the cost below it.
 const requests: Subject[] = [
   {
     name: 'in-process store, consume()',
