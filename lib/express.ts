@@ -1,3 +1,9 @@
 // The Express entry (`tollgate/express`): the middleware and its public types.
 // The middleware itself is lib/adapters/express/middleware.ts.
 export * from './adapters/express/middleware.js'
+export { StoreError } from './core/errors.js'
+export type { Tier } from './http/tiers.js'
+export type {
+  BreakerOptions, Decision, DecisionSource, FailureMode, Limiter, LimiterOptions, LocalPolicy, Lockout, Logger, MetricsMeter, MetricsOptions,
+  Policy, RedisClient, Reservation
+} from './core/types.js'

@@ -474,6 +474,20 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal(limit.limiter.state, 'healthy')
       await t.rejects(limit.consume('carol', { bucket: 'login', key: () => 'x' } as never), { code: 'TOLLGATE_INVALID_OPTION' })
     })
+
+    t.test('the programmatic API: reserve and settle by handle, in Redis', async (t) => {
+      const { limit } = limiter(t, { capacity: 10, refillPerSecond: 0.01 })
+      const exports = { bucket: 'exports' }
+      const reservation = await limit.reserve('dave', exports, 6)
+      t.match(reservation.decision, { allowed: true, remaining: 4, source: 'store' })
+      await limit.settle(reservation, 2)
+      t.match(await limit.peek('dave', exports), { remaining: 8 }, 'charged 2 of the 6 reserved')
+      await t.rejects(limit.settle(reservation, 0), { code: 'TOLLGATE_INVALID_OPTION', message: /each settles once/ })
+      const charged = await limit.reserve('dave', exports, 1)
+      await limit.settle(charged, 5)
+      t.match(await limit.peek('dave', exports), { remaining: 3 }, 'an actual cost above the reserved one is charged: 8 - 5')
+      await t.rejects(limit.reserve('dave', { bucket: 'x', settle: () => 0 } as never), { code: 'TOLLGATE_INVALID_OPTION' })
+    })
   })
 }
 

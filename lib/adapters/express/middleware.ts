@@ -58,7 +58,7 @@ import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenRe
 import { takeReservation, type Pending } from '../../http/settle-route.js'
 import type { Tier } from '../../http/tiers.js'
 import { POLICY_CHECKS, checkDefaults, pick, programmaticPolicies, type RouteLimit } from '../../http/route.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from '../../core/types.js'
+import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient, Reservation } from '../../core/types.js'
 
 export { APP_BUCKET, MAX_NAMES }
 
@@ -200,6 +200,10 @@ export interface RateLimit {
   (req: Request, res: Response, next: NextFunction): void
   consume (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: ExpressProgrammaticPolicy): Promise<Decision>
+  /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
+  reserve (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Reservation>
+  /** Settles a reservation once: refunds or charges the difference to the reserved cost. */
+  settle (reservation: Reservation, actual: number): Promise<void>
   reset (clientKey: string, bucket: string): Promise<void>
   /** Drops local state and timers; never closes the Redis client. */
   close (): Promise<void>
@@ -260,6 +264,8 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   return Object.assign(limit, {
     consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
+    reserve: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.reserve(clientKey, programmatic(policy), spend),
+    settle: async (reservation: Reservation, actual: number) => { await limiter.settle(reservation, actual) },
     reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
     close: async () => {
       checks.closing()
