@@ -108,6 +108,21 @@ const client: RedisClient | undefined = undefined
 export { decision, client }
 `
 
+// An Express project without fastify: everything it needs comes from
+// tollgate/express, and none of the files that entry reaches imports fastify.
+const EXPRESS_ONLY = `import express from 'express'
+import { rateLimit, type Decision, type Policy, type Reservation } from 'tollgate/express'
+
+const limit = rateLimit({ capacity: 10, refillPerSecond: 1, failureMode: 'open' })
+const app = express()
+app.use(limit)
+const policy: Policy = { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' }
+const reservation: Reservation = await limit.reserve('k', { bucket: 'exports' }, 2)
+await limit.settle(reservation, 1)
+const decision: Decision = await limit.limiter.consume('k', policy)
+export { app, decision }
+`
+
 // The smokes prove a decision made by Redis through the installed ioredis:
 // their deadline is one a loaded machine does not miss (the default 10 ms
 // is, at times, and the limit then fails closed with a 503).
@@ -193,12 +208,15 @@ async function setUp (base: string): Promise<Project> {
   const dir = join(base, 'consumer')
   await mkdir(join(dir, 'src'), { recursive: true })
   // The newest ioredis, pinned as a project that already has it would.
+  // Its declarations (6.1) import redis-errors, which ships no types: under
+  // skipLibCheck false every strict project needs @types/redis-errors,
+  // tollgate or not (README "Requirements").
   const newest = (await run('npm', ['view', 'ioredis', 'version', '--prefer-offline'], { cwd: dir })).stdout.trim()
   await writeFile(join(dir, 'package.json'), JSON.stringify({
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/node': '^22', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -283,6 +301,16 @@ t.test('without ioredis installed, the published types compile (skipLibCheck fal
     t.same(all(compile(project.dir, { 'core.ts': WITHOUT_IOREDIS })), [])
   } finally {
     await rename(`${ioredis}.hidden`, ioredis)
+  }
+})
+
+t.test('an Express project without fastify installed compiles against tollgate/express (skipLibCheck false)', async (t) => {
+  const fastify = join(project.dir, 'node_modules', 'fastify')
+  await rename(fastify, `${fastify}.hidden`)
+  try {
+    t.same(all(compile(project.dir, { 'express-only.ts': EXPRESS_ONLY })), [])
+  } finally {
+    await rename(`${fastify}.hidden`, fastify)
   }
 })
 
