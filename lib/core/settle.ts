@@ -31,8 +31,8 @@ import { closedRetryMs, failed, fallbackOf, summarize, timeoutOf } from './decis
 import type { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import type { Guard } from './guard.js'
+import type { Remote } from './remote.js'
 import type { MemoryStore } from '../store/memory-store.js'
-import type { RedisStore } from '../store/redis-store.js'
 import type { BucketSpec, ReserveMark } from '../store/store.js'
 import type { Decision, Logger, Policy, Reservation } from './types.js'
 
@@ -60,13 +60,12 @@ class Held implements Reservation {
 }
 
 export interface SettleDeps {
-  redis: RedisStore | undefined
-  guard: Guard | undefined
+  /** The Redis store and what goes with it; undefined without `redis`. */
+  remote: Remote | undefined
   /** The store without Redis. */
   memory: MemoryStore
   /** The in-process fallback of failureMode 'local'. */
   local: MemoryStore
-  denials: DenialCache | undefined
   defaultTimeout: number
   logger: Logger | undefined
   /** A refund was applied in the store: tells the caches of every app server. */
@@ -83,20 +82,21 @@ export interface Settlements {
 }
 
 export function settlements (deps: SettleDeps): Settlements {
-  const { redis, guard, memory, local, denials, defaultTimeout } = deps
+  const { remote, memory, local, defaultTimeout } = deps
   let failures = 0
 
   function reserve (list: readonly Policy[], specs: readonly BucketSpec[]): Promise<Reservation> {
     const timeoutMs = timeoutOf(list, defaultTimeout)
-    if (guard === undefined) {
+    if (remote === undefined) {
       const reply = memory.reserveSync(specs)
       return Promise.resolve(held(summarize(list, reply, 'store'), specs, 'store', timeoutMs, reply.marks))
     }
+    const { guard, store, denials } = remote
     const id = specs.map((s) => s.key).join('\n')
     const cached = denials?.get(id, specs)
     if (cached !== undefined) return Promise.resolve(held(cached, specs, undefined, timeoutMs))
     const sentAt = deps.clock()
-    return guard.run(() => (redis as RedisStore).reserve(specs), timeoutMs, specs).then((reply) => {
+    return guard.run(() => store.reserve(specs), timeoutMs, specs).then((reply) => {
       const decision = summarize(list, reply, 'store')
       if (!decision.allowed) denials?.set(id, specs, decision, sentAt)
       return held(decision, specs, 'store', timeoutMs, reply.marks)
@@ -128,8 +128,9 @@ export function settlements (deps: SettleDeps): Settlements {
     if (changes.every((c) => c === 0)) return
     const { marks } = reservation
     if (spent === 'local') local.settleSync(specs, changes, marks)
-    else if (guard === undefined) memory.settleSync(specs, changes, marks)
-    else await settleInStore(guard, reservation, changes)
+    else if (remote === undefined) memory.settleSync(specs, changes, marks)
+    else await settleInStore(remote, reservation, changes)
+    const denials = remote?.denials
     if (denials !== undefined && changes.some((c) => c < 0)) await forgetDenials(denials, specs, spent)
   }
 
@@ -139,10 +140,10 @@ export function settlements (deps: SettleDeps): Settlements {
     if (spent === 'store') await deps.refunded?.(specs)
   }
 
-  async function settleInStore (guard: Guard, reservation: Held, changes: readonly number[]): Promise<void> {
+  async function settleInStore ({ guard, store }: Remote, reservation: Held, changes: readonly number[]): Promise<void> {
     const { specs, marks } = reservation
     try {
-      await guard.run(() => (redis as RedisStore).settle(specs, changes, marks), reservation.timeoutMs, specs)
+      await guard.run(() => store.settle(specs, changes, marks), reservation.timeoutMs, specs)
     } catch (err) {
       failures++
       deps.logger?.warn({ err, keys: specs.map((s) => s.key) }, 'rate limit settlement failed; the reservation stands as charged')
