@@ -12,15 +12,13 @@ export interface Time {
   now(): number
   /** Microseconds on the monotonic clock anchored at the epoch (whole). */
   micros(): number
-  /** Calls `fn` once after `ms`; the timer never keeps the process alive. */
-  set(fn: () => void, ms: number): TimerHandle
   /**
-   * Calls `fn` once after `ms`, keeping the process alive meanwhile: for a
-   * wait that a caller awaits (a script awaiting a consume that waits must
-   * not end with an empty event loop).
+   * Calls `fn` once after `ms`, keeping the process alive meanwhile: the
+   * core's timers are waits a caller awaits (a script awaiting a consume
+   * that waits must not end with an empty event loop).
    */
-  hold(fn: () => void, ms: number): TimerHandle
-  /** Cancels a timer `set` or `hold` returned; a fired or cleared one is ignored. */
+  set(fn: () => void, ms: number): TimerHandle
+  /** Cancels a timer `set` returned; a fired or cleared one is ignored. */
   clear(handle: TimerHandle): void
 }
 
@@ -28,7 +26,6 @@ export interface Time {
 export const realTime: Time = {
   now: () => performance.now(),
   micros: () => Math.floor((performance.timeOrigin + performance.now()) * 1000),
-  set: (fn, ms) => setTimeout(fn, ms).unref(),
-  hold: (fn, ms) => setTimeout(fn, ms),
+  set: (fn, ms) => setTimeout(fn, ms),
   clear: (handle) => { clearTimeout(handle as ReturnType<typeof setTimeout>) }
 }

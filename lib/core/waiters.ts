@@ -27,17 +27,12 @@
 // reserved tokens stay spent: the store cannot take a reservation back
 // without letting others overtake), and no new wait starts.
 
-import { monotonic, type Clock } from './deadline.js'
+import type { Clock } from './deadline.js'
 
-/** Timers, injectable for tests. */
+/** Timers: the limiter's Time (lib/core/clock.ts), or a test's. */
 export interface Timers {
   set (fn: () => void, ms: number): unknown
   clear (handle: unknown): void
-}
-
-const realTimers: Timers = {
-  set: (fn, ms) => setTimeout(fn, ms),
-  clear: (handle) => { clearTimeout(handle as NodeJS.Timeout) }
 }
 
 interface Waiter {
@@ -54,7 +49,7 @@ export class Waiters {
   #taken = 0
   #closed = false
 
-  constructor (max: number, clock: Clock = monotonic, timers: Timers = realTimers) {
+  constructor (max: number, clock: Clock, timers: Timers) {
     this.#max = max
     this.#clock = clock
     this.#timers = timers

@@ -32,10 +32,6 @@ export class FakeTime implements Time {
     return timer
   }
 
-  hold (fn: () => void, ms: number): TimerHandle {
-    return this.set(fn, ms)
-  }
-
   clear (handle: TimerHandle): void {
     this.#timers.delete(handle as Timer)
   }
