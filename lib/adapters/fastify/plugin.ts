@@ -25,7 +25,7 @@
 // warning says so once. A key per connection would give a client a fresh
 // bucket per reconnect.
 
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest, onResponseHookHandler } from 'fastify'
 import fp from 'fastify-plugin'
 import { optionError } from '../../core/errors.js'
 import type { HeaderValue } from '../../http/headers.js'
@@ -37,10 +37,11 @@ import { NO_ADDRESS, RequestLayer, answer, denialBody, type Denial } from '../..
 import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
-  type Defaults, type Dialect, type RouteLimit
+  type Defaults, type Dialect, type NamedPolicy, type RouteLimit
 } from '../../http/route.js'
 import { RESERVATION, takeReservation } from '../../http/settle-route.js'
 import type { TollgateDecorator, TollgateOptions } from './types.js'
+import type { Limiter, Policy } from '../../core/types.js'
 
 const kChecked = Symbol('tollgate.checked')
 /** On a route's config: `onRoute` saw the route, the gate has nothing to do. */
@@ -80,6 +81,9 @@ interface FastifyLimit extends RouteLimit<FastifyRequest> {
 type Checked = FastifyRequest & { [kChecked]?: boolean }
 
 type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply) => Promise<void>
+/** A route's limit from its method, URL and `config.rateLimit`; null: not limited. */
+type LimitOf = (method: string | string[], url: string, config: unknown) => FastifyLimit | null
+type SettleWhenSent = (request: FastifyRequest, reply: FastifyReply) => void
 type GateRequest = FastifyRequest & { [kPending]?: FastifyLimit }
 type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
@@ -102,7 +106,45 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   }
   const onIp = proxyWarnings(app, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
 
-  const programmatic = programmaticPolicies(defaults, 'fastify')
+  decorate(app, limiter, programmaticPolicies(defaults, 'fastify'))
+  const layer = new RequestLayer<FastifyRequest>(core, options.ipv6Subnet ?? 56, {
+    ip: (request) => request.ip,
+    onAddress: onIp,
+    noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
+    badInput: (route, detail) => new BadRequestInputError(route, detail),
+    settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
+  })
+  const check = checker(layer, options.unavailable === 'throw')
+  const settling = settlement(layer)
+  const limitOf = routeLimits(defaults, global)
+  const notFound = notFoundLimit(options.notFound, global, defaults, app)
+
+  app.addHook('onRoute', (route) => {
+    const config = (route.config as RouteConfig | undefined)?.rateLimit
+    route.config = { ...route.config, [kSeen]: true } as typeof route.config
+    const limit = limitOf(route.method, route.url, config)
+    if (limit === null) return
+    appendHook(route, limit.hook, routeHook(limit, check))
+    if (limit.settle !== undefined) appendHook(route, 'onResponse', settling.hook)
+  })
+  gate(app, limitOf, notFound, check, settling.whenSent)
+
+  // Fastify waits for the requests in flight before it runs its onClose
+  // hooks, and a request waiting for its tokens (`maxWaitMs`) is in flight:
+  // ending the waits in preClose, before the server closes, answers them
+  // (denied) at once, instead of holding app.close() as long as the longest
+  // wait. Decisions go on until onClose; they just do not wait any more.
+  app.addHook('preClose', (done) => {
+    core.endWaits()
+    done()
+  })
+  app.addHook('onClose', async () => {
+    await limiter.close()
+  })
+}
+
+/** `app.tollgate` and the request decorations. */
+function decorate (app: FastifyInstance, limiter: Limiter, programmatic: (policy: NamedPolicy) => Policy): void {
   const decorator: TollgateDecorator = {
     consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
     peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
@@ -115,26 +157,22 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
   app.decorateRequest(RESERVATION, undefined)
+}
 
-  const layer = new RequestLayer<FastifyRequest>(core, options.ipv6Subnet ?? 56, {
-    ip: (request) => request.ip,
-    onAddress: onIp,
-    noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
-    badInput: (route, detail) => new BadRequestInputError(route, detail),
-    settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
-  })
-  const check = checker(layer, options.unavailable === 'throw')
-  // Charging by outcome: a request holding a reservation settles it once
-  // the response is sent, in an onResponse hook of its route only (an
-  // instance-wide onResponse hook would cost every request of the app its
-  // response listeners). A route the gate compiles gets no route hook: its
-  // settlement listens to the response itself.
-  function settleHook (request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
+/**
+ * Charging by outcome: a request holding a reservation settles it once
+ * the response is sent, in an onResponse hook of its route only (an
+ * instance-wide onResponse hook would cost every request of the app its
+ * response listeners). A route the gate compiles gets no route hook: its
+ * settlement listens to the response itself.
+ */
+function settlement (layer: RequestLayer<FastifyRequest>): { hook: onResponseHookHandler, whenSent: SettleWhenSent } {
+  function hook (request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
     const pending = takeReservation(request)
     if (pending === undefined) return done()
     layer.settle(pending, request, reply).then(() => { done() }, done)
   }
-  function settleWhenSent (request: FastifyRequest, reply: FastifyReply): void {
+  function whenSent (request: FastifyRequest, reply: FastifyReply): void {
     const res = reply.raw
     const sent = (): void => {
       res.removeListener('finish', sent)
@@ -145,19 +183,11 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     res.on('finish', sent)
     res.on('error', sent)
   }
-  const limitOf = routeLimits(defaults, global)
-  const notFound = notFoundLimit(options.notFound, global, defaults, app)
+  return { hook, whenSent }
+}
 
-  app.addHook('onRoute', (route) => {
-    const config = (route.config as RouteConfig | undefined)?.rateLimit
-    route.config = { ...route.config, [kSeen]: true } as typeof route.config
-    const limit = limitOf(route.method, route.url, config)
-    if (limit === null) return
-    appendHook(route, limit.hook, routeHook(limit, check))
-    if (limit.settle !== undefined) appendHook(route, 'onResponse', settleHook)
-  })
-
-  // The gate: routes onRoute did not see, and 404s (see the top of this file).
+/** The gate: routes onRoute did not see, and 404s (see the top of this file). */
+function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | null, check: Check, settleWhenSent: SettleWhenSent): void {
   const late = new WeakMap<object, FastifyLimit | null | Error>()
   function unseen (request: FastifyRequest): FastifyLimit | null {
     if (request.is404) return notFound
@@ -175,6 +205,10 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     if (limit instanceof Error) throw limit
     return limit
   }
+  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
+    if (limit.settle !== undefined) settleWhenSent(request, reply)
+    check(limit, request, reply).then(() => { done() }, done)
+  }
   app.decorateRequest(kPending, undefined)
   app.addHook('onRequest', function tollgateGate (request: GateRequest, reply, done) {
     const limit = unseen(request)
@@ -189,23 +223,6 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     const limit = request[kPending]
     if (limit === undefined) return done()
     gateCheck(limit, request, reply, done)
-  })
-  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
-    if (limit.settle !== undefined) settleWhenSent(request, reply)
-    check(limit, request, reply).then(() => { done() }, done)
-  }
-
-  // Fastify waits for the requests in flight before it runs its onClose
-  // hooks, and a request waiting for its tokens (`maxWaitMs`) is in flight:
-  // ending the waits in preClose, before the server closes, answers them
-  // (denied) at once, instead of holding app.close() as long as the longest
-  // wait. Decisions go on until onClose; they just do not wait any more.
-  app.addHook('preClose', (done) => {
-    core.endWaits()
-    done()
-  })
-  app.addHook('onClose', async () => {
-    await limiter.close()
   })
 }
 
@@ -222,7 +239,7 @@ function compileFastify (name: string, config: unknown, defaults: Defaults, wher
  * its GET route was seen is named `GET <url>`: right unless that route has
  * several methods.)
  */
-function routeLimits (defaults: Defaults, global: boolean) {
+function routeLimits (defaults: Defaults, global: boolean): LimitOf {
   const getRoutes = new Map<string, string>()
   return function limitOf (method: string | string[], url: string, config: unknown): FastifyLimit | null {
     if (config === false) return null
