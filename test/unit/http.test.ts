@@ -41,3 +41,12 @@ t.test('policy checks name the field, the value and what is expected', async (t)
   t.throws(() => { checkPolicy({ ...good, windowMs: 1000 }) }, /windowMs/)
   t.throws(() => { checkPolicy('b') }, /policy/)
 })
+
+t.test('a route\'s timeout is bounded as the core\'s is, on both adapters\' option tables', async (t) => {
+  const { rateLimit } = await import('../../lib/express.js')
+  const quiet = { warn () {}, info () {}, error () {} }
+  t.throws(() => rateLimit({ capacity: 1, refillPerSecond: 1, failureMode: 'open', timeout: 60_001, logger: quiet }), { code: 'TOLLGATE_INVALID_OPTION', message: /`timeout` must be at most 60000/ })
+  const limit = rateLimit({ capacity: 1, refillPerSecond: 1, failureMode: 'open', timeout: 60_000, logger: quiet })
+  t.throws(() => limit({ timeout: 1e12 }), { code: 'TOLLGATE_INVALID_OPTION', message: /timeout` must be at most 60000/ })
+  await limit.close()
+})
