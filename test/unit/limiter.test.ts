@@ -128,6 +128,19 @@ t.test('a lockout blocks for forMs on the injected clock, and then lets the clie
   await limiter.close()
 })
 
+t.test('a lockout counts denials within withinMs only: a denial after the period starts a new count', async (t) => {
+  const { time, limiter } = limiterAt()
+  const policy: Policy = { bucket: 'pin', capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', lockout: { after: 2, withinMs: 1000, forMs: 10_000 } }
+  t.equal((await limiter.consume('v', policy)).allowed, true)
+  t.equal((await limiter.consume('v', policy)).locked, undefined, 'a first denial')
+  // Exactly withinMs later: the count is still stored (it is kept 1 ms past
+  // its period), and the period is over.
+  await time.advance(1000)
+  t.equal((await limiter.consume('v', policy)).locked, undefined, 'a denial withinMs later is the first of a new period, not the second')
+  t.equal((await limiter.consume('v', policy)).locked, true, 'the next one within the period locks')
+  await limiter.close()
+})
+
 t.test('a waiting consume waits on the injected timers, and close() ends the wait', async (t) => {
   const { time, limiter } = limiterAt()
   const policy: Policy = { bucket: 'q', capacity: 1, refillPerSecond: 10, failureMode: 'open', maxWaitMs: 1000 }
