@@ -476,7 +476,8 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
     })
 
     t.test('the programmatic API: reserve and settle by handle, in Redis', async (t) => {
-      const { limit } = limiter(t, { capacity: 10, refillPerSecond: 0.01 })
+      // A deadline no loaded machine misses: a settlement past it is rejected (and stands as charged).
+      const { limit } = limiter(t, { capacity: 10, refillPerSecond: 0.01, timeout: 1000 })
       const exports = { bucket: 'exports' }
       const reservation = await limit.reserve('dave', exports, 6)
       t.match(reservation.decision, { allowed: true, remaining: 4, source: 'store' })
