@@ -27,7 +27,11 @@ const server = await startRedisServer()
 t.teardown(() => server.stop())
 
 async function connect (tt: { teardown: (fn: () => unknown) => void }): Promise<Redis> {
-  const redis = new Redis(server.url, { lazyConnect: true })
+  return await connectTo(tt, server.url)
+}
+
+async function connectTo (tt: { teardown: (fn: () => unknown) => void }, url: string): Promise<Redis> {
+  const redis = new Redis(url, { lazyConnect: true })
   await redis.connect()
   tt.teardown(() => { redis.disconnect() })
   return redis
@@ -366,9 +370,9 @@ async function subscribed (prefix: string): Promise<number> {
   return (await admin.pubsub('NUMSUB', `${prefix}:changes`) as [string, number])[1]
 }
 
-/** Our subscriber connections on the test's Redis (CLIENT LIST, by name). */
-async function subscribers (): Promise<number> {
-  const list = await admin.client('LIST') as string
+/** Our subscriber connections on the test's Redis, or on `on` (CLIENT LIST, by name). */
+async function subscribers (on: Redis = admin): Promise<number> {
+  const list = await on.client('LIST') as string
   return list.split('\n').filter((line) => line.includes(`name=${SUBSCRIBER_NAME} `)).length
 }
 
@@ -486,27 +490,34 @@ t.test('Redis refusing pub/sub (an ACL without channels): logged once, and maxAg
 })
 
 t.test('the subscriber is tollgate\'s own connection: closed by close(), or when the app\'s client ends; the app\'s client is never touched', async (t) => {
-  const before = await subscribers()
-  const redis = new Redis(server.url)
+  // A Redis of its own, which no other limiter of this file reaches: the
+  // counts below are this test's connections only.
+  const own = await startRedisServer()
+  t.teardown(() => own.stop())
+  const watcher = await connectTo(t, own.url)
+  const count = async (): Promise<number> => await subscribers(watcher)
+  const before = 0
+  t.equal(await count(), before, 'none yet')
+  const redis = new Redis(own.url)
   const listeners = (): number => redis.listenerCount('end')
   const ends = listeners()
   const limiter = createLimiter({ redis, prefix: `deny${++prefixes}` })
-  t.ok(await until(async () => await subscribers() === before + 1, 2000), 'one subscriber connection, named in CLIENT LIST')
+  t.ok(await until(async () => await count() === before + 1, 2000), 'one subscriber connection, named in CLIENT LIST')
   t.equal(redis.mode, 'normal', 'the app\'s client is not in subscriber mode')
   await limiter.close()
-  t.ok(await until(async () => await subscribers() === before, 2000), 'close() closes it')
+  t.ok(await until(async () => await count() === before, 2000), 'close() closes it')
   t.equal(redis.status, 'ready', 'and leaves the app\'s client connected')
   t.equal(listeners(), ends, 'with no listener left on it')
   t.equal(await redis.ping(), 'PONG')
 
   const kept = createLimiter({ redis, prefix: `deny${++prefixes}` })
   t.teardown(() => kept.close())
-  t.ok(await until(async () => await subscribers() === before + 1, 2000), 'another limiter, another subscriber')
+  t.ok(await until(async () => await count() === before + 1, 2000), 'another limiter, another subscriber')
   redis.disconnect()
-  t.ok(await until(async () => await subscribers() === before, 2000), 'the app lets its client go: the subscriber goes too')
+  t.ok(await until(async () => await count() === before, 2000), 'the app lets its client go: the subscriber goes too')
   const ended = createLimiter({ redis, prefix: `deny${++prefixes}` })
   await sleep(100)
-  t.equal(await subscribers(), before, 'a limiter made on an ended client opens none')
+  t.equal(await count(), before, 'a limiter made on an ended client opens none')
   await ended.close()
 })
 
@@ -591,4 +602,8 @@ t.test('Marks: size-capped; a mark dropped by the cap becomes the floor, so noth
   t.ok(marks.stale('x', 20), 'a lower floor changes nothing')
   marks.markAll(50)
   t.same([marks.stale('x', 50), marks.stale('x', 51)], [true, false], 'markAll raises it')
+})
+
+t.test('every limiter closed above left no subscriber behind: only the warm-up limiter\'s is connected', async (t) => {
+  t.ok(await until(async () => await subscribers() === 1, 2000), `${await subscribers()} subscriber connection(s) on this file's Redis`)
 })
