@@ -159,7 +159,7 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
     const redis = await sharedRedis(t)
 
     t.test('a client that disconnects while it waits: no handler; its waiter slot is held to the end of its wait', async (t) => {
-      const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 2, failureMode: 'open', maxWaiters: 1, logger: memoryLogger() })
+      const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 2, failureMode: 'open', timeout: 1000, maxWaiters: 1, logger: memoryLogger() })
       t.teardown(() => limit.close())
       const handled: string[] = []
       const app = express()
@@ -186,7 +186,7 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
 
     for (const first of ['server.close()', 'limit.close()'] as const) {
       t.test(`shutdown, ${first} first: limit.close() answers every waiting request at once, and server.close() completes`, async (t) => {
-        const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.5, failureMode: 'open', logger: memoryLogger() })
+        const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.5, failureMode: 'open', timeout: 1000, logger: memoryLogger() })
         const app = express()
         app.get('/report', limit({ key: () => 'tenant', maxWaitMs: WAIT_MS }), ((_req, res) => { res.json({ ok: true }) }) as RequestHandler)
         const server: Server = app.listen(0, '127.0.0.1')
