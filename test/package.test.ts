@@ -109,9 +109,12 @@ export { decision, client }
 `
 
 // An Express project without fastify: everything it needs comes from
-// tollgate/express, and none of the files that entry reaches imports fastify.
+// tollgate/express, and none of the files that entry reaches imports fastify;
+// the types it imports from \`tollgate\` compile too (the Fastify plugin's
+// are then \`any\`), and are the same types.
 const EXPRESS_ONLY = `import express from 'express'
 import { rateLimit, type Decision, type Policy, type Reservation } from 'tollgate/express'
+import type { Decision as RootDecision, Policy as RootPolicy } from 'tollgate'
 
 const limit = rateLimit({ capacity: 10, refillPerSecond: 1, failureMode: 'open' })
 const app = express()
@@ -120,7 +123,10 @@ const policy: Policy = { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMo
 const reservation: Reservation = await limit.reserve('k', { bucket: 'exports' }, 2)
 await limit.settle(reservation, 1)
 const decision: Decision = await limit.limiter.consume('k', policy)
-export { app, decision }
+const rootPolicy: RootPolicy = policy
+const rootDecision: RootDecision = decision
+const back: Decision = await limit.limiter.consume('k', rootPolicy)
+export { app, decision, rootDecision, back }
 `
 
 // The smokes prove a decision made by Redis through the installed ioredis:
@@ -195,7 +201,7 @@ interface Project { dir: string, newest: string, tarball: string, files: string[
 async function setUp (base: string): Promise<Project> {
   const stage = join(base, 'stage')
   await mkdir(stage)
-  for (const entry of ['package.json', 'tsconfig.json', 'tsconfig.build.json', 'README.md', 'CHANGELOG.md', 'LICENSE', 'lib', 'lua']) {
+  for (const entry of ['package.json', 'tsconfig.json', 'tsconfig.build.json', 'rollup.config.mjs', 'README.md', 'CHANGELOG.md', 'LICENSE', 'lib', 'lua']) {
     if (existsSync(join(ROOT, entry))) await cp(join(ROOT, entry), join(stage, entry), { recursive: true })
   }
   await symlink(join(ROOT, 'node_modules'), join(stage, 'node_modules'), 'dir')
@@ -267,6 +273,14 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   t.ok(project.files.includes('lua/token-bucket.lua'), 'the scripts')
   t.same(project.files.filter((f) => f.endsWith('.map')), [], 'no source maps (they would point at lib/, which is not shipped)')
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
+  t.same(project.files.filter((f) => f.endsWith('.d.ts')).sort(), ['dist/express.d.ts', 'dist/index.d.ts', 'dist/types.d.ts'],
+    'declarations: one per entry and the types they share, none of the internal modules')
+  const shared = await readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', 'types.d.ts'), 'utf8')
+  const entries = (await Promise.all(['index', 'express'].map((entry) => readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', `${entry}.d.ts`), 'utf8')))).join('\n')
+  const exported = [...shared.matchAll(/export (?:type )?\{([^}]*)\}/g)].flatMap((m) => (m[1] as string).split(',').map((name) => name.trim())).filter((name) => name !== '')
+  t.ok(exported.length > 10, `${exported.length} shared types`)
+  t.same(exported.filter((name) => !new RegExp(`\\b${name}\\b`).test(entries)), [], 'every shared type is one an entry exports or uses')
+  t.same(['RedisStore', 'Guard', 'Engine', 'Remote', 'SettleDeps', 'DenialCache'].filter((name) => new RegExp(`\\b(class|interface|type) ${name}\\b`).test(shared + entries)), [], 'no internal class or type is declared')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
   t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', 'express', 'fastify', 'ioredis'])
@@ -304,7 +318,7 @@ t.test('without ioredis installed, the published types compile (skipLibCheck fal
   }
 })
 
-t.test('an Express project without fastify installed compiles against tollgate/express (skipLibCheck false)', async (t) => {
+t.test('an Express project without fastify installed compiles against tollgate/express, and its types from tollgate (skipLibCheck false)', async (t) => {
   const fastify = join(project.dir, 'node_modules', 'fastify')
   await rename(fastify, `${fastify}.hidden`)
   try {
