@@ -12,6 +12,12 @@ export function optionError (name: string, value: unknown, expected: string): Ty
   return err
 }
 
+/** What a thrown value says: an error's message, else the value described. */
+export function messageOf (cause: unknown): string {
+  const message: unknown = typeof cause === 'object' && cause !== null ? Reflect.get(cause, 'message') : undefined
+  return typeof message === 'string' ? message : describe(cause)
+}
+
 export function describe (value: unknown): string {
   if (typeof value === 'string') return JSON.stringify(value)
   if (typeof value === 'function') return 'a function'

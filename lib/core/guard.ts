@@ -1,6 +1,6 @@
 import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
-import { StoreError } from './errors.js'
+import { StoreError, messageOf } from './errors.js'
 import { OutageLog, type Timers } from './outage.js'
 import { scriptsRefused } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
@@ -210,7 +210,7 @@ export class Guard {
     const err = asStoreError(cause)
     if (provesAlive(cause)) {
       this.#succeeded()
-      const message = /^WRONGTYPE/.test((cause as Error).message) ? 'rate limit key holds a value of the wrong type' : 'rate limit store refused the call'
+      const message = /^WRONGTYPE/.test(messageOf(cause)) ? 'rate limit key holds a value of the wrong type' : 'rate limit store refused the call'
       this.#logger?.error({ err, keys: specs.map((s) => s.key) }, message)
     } else {
       this.#failed(err, probe)
@@ -257,5 +257,5 @@ export class Guard {
 function asStoreError (cause: unknown): StoreError {
   return cause instanceof StoreError
     ? cause
-    : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${(cause as Error).message}`, { cause })
+    : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${messageOf(cause)}`, { cause })
 }

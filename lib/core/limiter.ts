@@ -126,12 +126,17 @@ function remoteOf (options: LimiterOptions, client: RedisClient, shared: { prefi
   return { store, guard, denials, changes }
 }
 
+/** Array.isArray, which does not narrow a union with a readonly array. */
+function isList (input: Policy | readonly Policy[]): input is readonly Policy[] {
+  return Array.isArray(input)
+}
+
 /** The public limiter over an engine: every argument checked here, once. */
 function facade (engine: Engine, parts: EngineParts): Limiter {
   const checked = new WeakSet<object>()
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
-    const list = Array.isArray(input) ? input as readonly Policy[] : [input as Policy]
+    const list = isList(input) ? input : [input]
     if (list.length === 0) throw optionError('policy', input, 'a policy or a non-empty array of policies')
     for (const policy of list) {
       if (!checked.has(policy)) {

@@ -1,6 +1,6 @@
 import { describe, optionError } from './errors.js'
 import { limitValueHint, migrationHint, type Adapter } from './migrating.js'
-import type { BreakerOptions, FailureMode, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
+import type { BreakerOptions, FailureMode, LocalPolicy, Lockout, MetricsMeter, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
 export const HOOKS = ['onRequest', 'preHandler'] as const
@@ -15,28 +15,41 @@ export const MAX_TIMEOUT = 60_000
 export const DEFAULT_PREFIX = 'tollgate'
 export const DEFAULT_BREAKER: BreakerOptions = { failures: 5, cooldownMs: 1000 }
 
-type Check = (value: unknown, name: string) => void
+// Options are parsed, not only validated: each parser takes what the app
+// passed (`unknown`) and returns it typed, or throws an option error naming
+// the field; parseFields applies a table of them to an object and returns
+// the typed fields. So callers read typed values and need no casts.
+
+/** Parses one option value; `name` is its path in error messages. */
+export type Parse<T> = (value: unknown, name: string) => T
+/** A table of parsers, one per field. */
+export type Parsers = Record<string, Parse<unknown>>
+/** What parseFields returns for a table: each field, typed, when it was set. */
+export type Parsed<P extends Parsers> = { [K in keyof P]?: ReturnType<P[K]> }
 
 export function isRecord (value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value)
 }
 
-export function positiveNumber (value: unknown, name: string): void {
+export function positiveNumber (value: unknown, name: string): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
     throw optionError(name, value, 'a finite number > 0')
   }
+  return value
 }
 
 /** A store deadline: a finite number of ms > 0, at most MAX_TIMEOUT. */
-export function deadlineMs (value: unknown, name: string): void {
-  positiveNumber(value, name)
-  if ((value as number) > MAX_TIMEOUT) throw optionError(name, value, `at most ${MAX_TIMEOUT} (ms)`)
+export function deadlineMs (value: unknown, name: string): number {
+  const ms = positiveNumber(value, name)
+  if (ms > MAX_TIMEOUT) throw optionError(name, value, `at most ${MAX_TIMEOUT} (ms)`)
+  return ms
 }
 
-export function positiveInteger (value: unknown, name: string): void {
+export function positiveInteger (value: unknown, name: string): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
     throw optionError(name, value, 'an integer > 0')
   }
+  return value
 }
 
 /**
@@ -70,15 +83,21 @@ export function storableBucket (capacity: number, refillPerSecond: number, where
   }
 }
 
-export function oneOf (allowed: readonly unknown[]): Check {
+/** One of `allowed` (compared with ===), typed as their union. */
+export function oneOf<const T> (allowed: readonly T[]): Parse<T> {
   const text = allowed.map((v) => describe(v)).join(', ')
   return (value, name) => {
-    if (!allowed.includes(value)) throw optionError(name, value, `one of ${text}`)
+    for (const candidate of allowed) if (candidate === value) return candidate
+    throw optionError(name, value, `one of ${text}`)
   }
 }
 
-export function isFunction (value: unknown, name: string): void {
+/** A function the app wrote; what it returns is checked where it is called. */
+export type AppFunction = (...args: never[]) => unknown
+
+export function isFunction (value: unknown, name: string): AppFunction {
   if (typeof value !== 'function') throw optionError(name, value, 'a function')
+  return value as AppFunction // a function is callable with no arguments of a known type; its results are checked
 }
 
 /** A coded option error with a hint after the value. */
@@ -88,39 +107,47 @@ export function hinted (name: string, value: unknown, expected: string, hint: st
 }
 
 /** `limit`: the plan function; a number is express-rate-limit's `limit`, and is told so. */
-export function planFunction (value: unknown, name: string): void {
+export function planFunction (value: unknown, name: string): AppFunction {
   if (typeof value !== 'function') throw hinted(name, value, 'a function (request) => { capacity, refillPerSecond } or false, the plan of each request', limitValueHint(value))
+  return isFunction(value, name)
 }
 
-export function isBoolean (value: unknown, name: string): void {
+export function isBoolean (value: unknown, name: string): boolean {
   if (typeof value !== 'boolean') throw optionError(name, value, 'true or false')
+  return value
 }
 
-export function nonEmptyString (value: unknown, name: string): void {
+export function nonEmptyString (value: unknown, name: string): string {
   if (typeof value !== 'string' || value.length === 0) throw optionError(name, value, 'a non-empty string')
+  return value
 }
 
-export function keyPrefix (value: unknown, name: string): void {
+export function keyPrefix (value: unknown, name: string): string {
   if (typeof value !== 'string' || !/^[A-Za-z0-9._:-]{1,64}$/.test(value)) {
     throw optionError(name, value, 'a string of 1 to 64 characters from [A-Za-z0-9._:-]')
   }
+  return value
 }
 
-export function ipv6Subnet (value: unknown, name: string): void {
+export function ipv6Subnet (value: unknown, name: string): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 128) {
     throw optionError(name, value, 'an integer from 1 to 128')
   }
+  return value
 }
 
-export function redisClient (value: unknown, name: string): asserts value is RedisClient {
-  if (!isRecord(value) || typeof value.evalsha !== 'function' || typeof value.status !== 'string') {
-    throw optionError(name, value, 'an ioredis Redis or Cluster client')
-  }
+function isRedisClient (value: unknown): value is RedisClient {
+  return isRecord(value) && typeof value.evalsha === 'function' && typeof value.status === 'string'
 }
 
-export function cost (value: unknown, name: string): void {
-  if (typeof value === 'function') return
-  positiveNumber(value, name)
+export function redisClient (value: unknown, name: string): RedisClient {
+  if (!isRedisClient(value)) throw optionError(name, value, 'an ioredis Redis or Cluster client')
+  return value
+}
+
+/** A cost: a number of tokens, or (on a route) a function of the request. */
+export function cost (value: unknown, name: string): number | AppFunction {
+  return typeof value === 'function' ? isFunction(value, name) : positiveNumber(value, name)
 }
 
 function unknownOption (name: string, value: unknown, known: readonly string[], where: string, adapter: Adapter | undefined): TypeError {
@@ -138,12 +165,13 @@ function codedTypeError (message: string): TypeError {
 
 /** The option errors a check threw, flattened; anything else is rethrown. */
 function optionErrors (err: unknown): TypeError[] {
-  if (!(err instanceof TypeError) || (err as { code?: unknown }).code !== 'TOLLGATE_INVALID_OPTION') throw err
-  return (err as { errors?: TypeError[] }).errors ?? [err]
+  if (!(err instanceof TypeError) || Reflect.get(err, 'code') !== 'TOLLGATE_INVALID_OPTION') throw err
+  const errors: unknown = Reflect.get(err, 'errors')
+  return Array.isArray(errors) ? errors.filter((e) => e instanceof TypeError) : [err]
 }
 
 /**
- * Checks an object's known fields with their checks, and that the `required`
+ * Parses an object's known fields with their parsers, and checks that the `required`
  * ones are set (each with what is expected). Every problem is reported at
  * once: one error as it is, several as one TypeError listing them all (its
  * `errors` holds each). Unknown names are errors with a hint: with
@@ -151,19 +179,22 @@ function optionErrors (err: unknown): TypeError[] {
  * replacement of another rate limiter's option (lib/core/migrating.ts), else the
  * closest valid name.
  */
-export function checkFields (input: Record<string, unknown>, checks: Record<string, Check>, where: string, required: Record<string, string> = {}, adapter?: Adapter): void {
+export function parseFields<P extends Parsers, R extends keyof P & string = never> (
+  input: Record<string, unknown>, parsers: P, where: string, required?: Readonly<Record<R, string>>, adapter?: Adapter
+): Parsed<P> & { [K in R]: ReturnType<P[K]> } {
   const errors: TypeError[] = []
+  const out: Record<string, unknown> = {}
   for (const name of Object.keys(input)) {
-    const check = Object.hasOwn(checks, name) ? checks[name] : undefined
+    const parse = Object.hasOwn(parsers, name) ? parsers[name] : undefined
     try {
-      if (check === undefined) throw unknownOption(name, input[name], Object.keys(checks), where, adapter)
+      if (parse === undefined) throw unknownOption(name, input[name], Object.keys(parsers), where, adapter)
       const value = input[name]
-      if (value !== undefined) check(value, where + name)
+      if (value !== undefined) out[name] = parse(value, where + name)
     } catch (err) {
       errors.push(...optionErrors(err))
     }
   }
-  for (const [name, expected] of Object.entries(required)) {
+  for (const [name, expected] of Object.entries<string>(required ?? {})) {
     if (input[name] === undefined) errors.push(optionError(where + name, undefined, expected))
   }
   if (errors.length === 1) throw errors[0]
@@ -172,23 +203,27 @@ export function checkFields (input: Record<string, unknown>, checks: Record<stri
     Object.defineProperty(err, 'errors', { value: errors, enumerable: false })
     throw err
   }
+  // Each field of `out` is what its parser returned, and the required ones
+  // are set: the mapped type says so, which TypeScript cannot follow
+  // through the loop over the input's names.
+  return out as Parsed<P> & { [K in R]: ReturnType<P[K]> }
 }
 
-export function localPolicy (value: unknown, name: string): asserts value is LocalPolicy {
+export function localPolicy (value: unknown, name: string): LocalPolicy {
   if (!isRecord(value)) throw optionError(name, value, 'an object { capacity, refillPerSecond }')
   const number = 'a finite number > 0'
-  checkFields(value, { capacity: positiveNumber, refillPerSecond: positiveNumber }, name + '.', { capacity: number, refillPerSecond: number })
+  return parseFields(value, { capacity: positiveNumber, refillPerSecond: positiveNumber }, name + '.', { capacity: number, refillPerSecond: number })
 }
 
-export function breaker (value: unknown, name: string): asserts value is Partial<BreakerOptions> {
+export function breaker (value: unknown, name: string): Partial<BreakerOptions> {
   if (!isRecord(value)) throw optionError(name, value, 'an object { failures, cooldownMs }')
-  checkFields(value, { failures: positiveInteger, cooldownMs: positiveNumber }, name + '.')
+  return parseFields(value, { failures: positiveInteger, cooldownMs: positiveNumber }, name + '.')
 }
 
-export function lease (value: unknown, name: string): void {
+export function lease (value: unknown, name: string): { tokens: number, maxAgeMs: number } {
   if (!isRecord(value)) throw optionError(name, value, 'an object { tokens, maxAgeMs }')
   const number = 'a finite number > 0'
-  checkFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.', { tokens: number, maxAgeMs: number })
+  return parseFields(value, { tokens: positiveNumber, maxAgeMs: positiveNumber }, name + '.', { tokens: number, maxAgeMs: number })
 }
 
 /** Longest `maxWaitMs`: an hour (a caller held longer is better told to come back). */
@@ -197,26 +232,28 @@ export const MAX_WAIT_MS = 3_600_000
 export const MAX_LOCKOUT_MS = 31_536_000_000
 
 /** `maxWaitMs`: a finite number of ms > 0, at most MAX_WAIT_MS. */
-export function maxWaitMs (value: unknown, name: string): void {
-  positiveNumber(value, name)
-  if ((value as number) > MAX_WAIT_MS) throw optionError(name, value, `at most ${MAX_WAIT_MS} (ms, an hour)`)
+export function maxWaitMs (value: unknown, name: string): number {
+  const ms = positiveNumber(value, name)
+  if (ms > MAX_WAIT_MS) throw optionError(name, value, `at most ${MAX_WAIT_MS} (ms, an hour)`)
+  return ms
 }
 
-function lockoutMs (value: unknown, name: string): void {
-  positiveInteger(value, name)
-  if ((value as number) > MAX_LOCKOUT_MS) throw optionError(name, value, `at most ${MAX_LOCKOUT_MS} (ms, a year)`)
+function lockoutMs (value: unknown, name: string): number {
+  const ms = positiveInteger(value, name)
+  if (ms > MAX_LOCKOUT_MS) throw optionError(name, value, `at most ${MAX_LOCKOUT_MS} (ms, a year)`)
+  return ms
 }
 
-export function lockout (value: unknown, name: string): void {
+export function lockout (value: unknown, name: string): Lockout {
   if (!isRecord(value)) throw optionError(name, value, 'an object { after, withinMs, forMs }')
   const ms = 'an integer > 0 (ms)'
-  checkFields(value, { after: positiveInteger, withinMs: lockoutMs, forMs: lockoutMs }, name + '.', { after: 'an integer > 0', withinMs: ms, forMs: ms })
+  return parseFields(value, { after: positiveInteger, withinMs: lockoutMs, forMs: lockoutMs }, name + '.', { after: 'an integer > 0', withinMs: ms, forMs: ms })
 }
 
-export function warnings (value: unknown, name: string): void {
-  if (value === false) return
+export function warnings (value: unknown, name: string): false | { proxy?: boolean, trustProxy?: boolean } {
+  if (value === false) return false
   if (!isRecord(value)) throw optionError(name, value, 'false or an object { proxy, trustProxy }')
-  checkFields(value, { proxy: isBoolean, trustProxy: isBoolean }, name + '.')
+  return parseFields(value, { proxy: isBoolean, trustProxy: isBoolean }, name + '.')
 }
 
 /** Whether a warning of the `warnings` option is on (all are, unless turned off). */
@@ -229,29 +266,33 @@ export const MIN_SUMMARY_MS = 1000
 export const MAX_SUMMARY_MS = 3_600_000
 
 /** `outageSummaryMs`: a number of ms from MIN_SUMMARY_MS to MAX_SUMMARY_MS. */
-export function outageSummaryMs (value: unknown, name: string): void {
+export function outageSummaryMs (value: unknown, name: string): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < MIN_SUMMARY_MS || value > MAX_SUMMARY_MS) {
     throw optionError(name, value, `a number of ms from ${MIN_SUMMARY_MS} to ${MAX_SUMMARY_MS} (at most one summary line a second while the store fails)`)
   }
+  return value
 }
 
-export function denialCache (value: unknown, name: string): void {
-  if (value === false) return
+export function denialCache (value: unknown, name: string): false | { maxKeys?: number, maxAgeMs?: number } {
+  if (value === false) return false
   if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxKeys, maxAgeMs }')
-  checkFields(value, { maxKeys: positiveInteger, maxAgeMs: positiveNumber }, name + '.')
+  return parseFields(value, { maxKeys: positiveInteger, maxAgeMs: positiveNumber }, name + '.')
 }
 
 const METER_METHODS = ['createCounter', 'createUpDownCounter', 'createHistogram'] as const
 
-export function metricsOption (value: unknown, name: string): asserts value is MetricsOptions {
+export function metricsOption (value: unknown, name: string): MetricsOptions {
   if (!isRecord(value)) throw optionError(name, value, 'an object { meter }')
-  checkFields(value, { meter }, name + '.', { meter: 'an OpenTelemetry Meter' })
+  return parseFields(value, { meter }, name + '.', { meter: 'an OpenTelemetry Meter' })
 }
 
-function meter (value: unknown, name: string): void {
-  if (!isRecord(value) || METER_METHODS.some((method) => typeof value[method] !== 'function')) {
-    throw optionError(name, value, `an OpenTelemetry Meter (with ${METER_METHODS.join(', ')})`)
-  }
+function isMeter (value: unknown): value is MetricsMeter {
+  return isRecord(value) && METER_METHODS.every((method) => typeof value[method] === 'function')
+}
+
+function meter (value: unknown, name: string): MetricsMeter {
+  if (!isMeter(value)) throw optionError(name, value, `an OpenTelemetry Meter (with ${METER_METHODS.join(', ')})`)
+  return value
 }
 
 /** Closest known name by edit distance, when it is close enough to be a likely typo. */

@@ -20,6 +20,7 @@
 // the real timer is unref'd, so an outage never keeps a process alive.
 
 import { scriptsRefused, type StoreError } from '../store/errors.js'
+import { messageOf } from './errors.js'
 import type { Clock } from './deadline.js'
 import type { FallbackCounts, Logger } from './types.js'
 
@@ -148,7 +149,7 @@ export class OutageLog {
   #tellNoScripts (err: StoreError): void {
     this.#noScripts = true
     this.#logger?.error({ err, ...this.#target },
-      `rate limit store cannot run tollgate's scripts (${(err.cause as Error).message}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
+      `rate limit store cannot run tollgate's scripts (${messageOf(err.cause)}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
   }
 
   #summarize (): void {

@@ -4,14 +4,14 @@
 import { optionError } from './errors.js'
 import type { Adapter } from './migrating.js'
 import {
-  FAILURE_MODES, MAX_WINDOW_US, breaker, checkFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, localPolicy, lockout,
+  FAILURE_MODES, MAX_WINDOW_US, breaker, parseFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, localPolicy, lockout,
   metricsOption, maxWaitMs, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient, storableBucket
 } from './options.js'
-import type { Policy } from './types.js'
+import type { Logger, Policy } from './types.js'
 
 /** Checks the limiter's own options (`createLimiter()`, the adapters' store options). */
 export function checkLimiterOptions (options: Record<string, unknown>): void {
-  checkFields(options, LIMITER_CHECKS, '', {}, 'core')
+  parseFields(options, LIMITER_CHECKS, '', {}, 'core')
 }
 
 const LIMITER_CHECKS = {
@@ -23,11 +23,14 @@ const LIMITER_CHECKS = {
   metrics: metricsOption,
   maxWaiters: positiveInteger,
   outageSummaryMs,
-  logger: (value: unknown, name: string) => {
-    if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
-      throw optionError(name, value, 'a logger with warn, info and error methods')
-    }
+  logger: (value: unknown, name: string): Logger => {
+    if (!isLogger(value)) throw optionError(name, value, 'a logger with warn, info and error methods')
+    return value
   }
+}
+
+function isLogger (value: unknown): value is Logger {
+  return isRecord(value) && typeof value.warn === 'function' && typeof value.info === 'function' && typeof value.error === 'function'
 }
 
 /** Checks of a core policy's fields, one per field; the http wing adds the route's own (lib/http/route.ts). */
@@ -47,26 +50,44 @@ export const CORE_POLICY_CHECKS = {
 
 /** Checks a core policy; throws a TypeError naming the field (`adapter`: whose users wrote it, for the hints of other libraries' names). */
 export function checkPolicy (policy: unknown, where = 'policy.', adapter: Adapter = 'core'): asserts policy is Policy {
-  if (!isRecord(policy)) throw optionError(where.slice(0, -1), policy, 'a policy object')
-  checkFields(policy, CORE_POLICY_CHECKS, where, {}, adapter)
-  for (const name of ['bucket', 'capacity', 'refillPerSecond', 'failureMode'] as const) {
-    if (policy[name] === undefined) throw optionError(where + name, undefined, name === 'failureMode' ? "one of 'open', 'closed', 'local'" : 'set')
-  }
-  const capacity = policy.capacity as number
-  storableBucket(capacity, policy.refillPerSecond as number, where)
-  const checked = policy as unknown as Policy
-  if (checked.cost !== undefined && checked.cost > maxCost(checked)) throw optionError(where + 'cost', checked.cost, `at most ${costBound(checked)}`)
-  if (policy.failureMode === 'local' && policy.local === undefined) {
+  parsePolicy(policy, where, adapter)
+}
+
+/**
+ * A core policy from `input`, parsed: a new object holding its fields, typed
+ * and checked alone and together; throws a TypeError naming the field. A
+ * missing capacity or rate is `expected` (where to set it, for an adapter).
+ */
+export function parsePolicy (input: unknown, where = 'policy.', adapter: Adapter = 'core', expected = 'set'): Policy {
+  if (!isRecord(input)) throw optionError(where.slice(0, -1), input, 'a policy object')
+  const { bucket, capacity, refillPerSecond, failureMode, cost, local, timeout, lease, shadow, lockout, maxWaitMs } = parseFields(input, CORE_POLICY_CHECKS, where, {}, adapter)
+  if (bucket === undefined) throw optionError(where + 'bucket', undefined, 'set')
+  if (capacity === undefined) throw optionError(where + 'capacity', undefined, expected)
+  if (refillPerSecond === undefined) throw optionError(where + 'refillPerSecond', undefined, expected)
+  if (failureMode === undefined) throw optionError(where + 'failureMode', undefined, "one of 'open', 'closed', 'local'")
+  const policy: Policy = { bucket, capacity, refillPerSecond, failureMode }
+  // Only the fields that are set, as the app wrote them (no key holds undefined).
+  if (cost !== undefined) policy.cost = cost
+  if (local !== undefined) policy.local = local
+  if (timeout !== undefined) policy.timeout = timeout
+  if (lease !== undefined) policy.lease = lease
+  if (shadow !== undefined) policy.shadow = shadow
+  if (lockout !== undefined) policy.lockout = lockout
+  if (maxWaitMs !== undefined) policy.maxWaitMs = maxWaitMs
+  storableBucket(capacity, refillPerSecond, where)
+  if (policy.cost !== undefined && policy.cost > maxCost(policy)) throw optionError(where + 'cost', policy.cost, `at most ${costBound(policy)}`)
+  if (failureMode === 'local' && policy.local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
-  const batch = (policy.lease as { tokens: number } | undefined)?.tokens
+  const batch = policy.lease?.tokens
   if (batch !== undefined && batch > capacity) throw optionError(where + 'lease.tokens', batch, `at most capacity (${capacity})`)
-  const wait = policy.maxWaitMs as number | undefined
-  if (wait === undefined) return
-  if (policy.shadow === true) throw optionError(where + 'maxWaitMs', wait, 'unset with `shadow: true` (a shadow policy never holds a request)')
-  if (capacity * (1e6 / (policy.refillPerSecond as number)) + wait * 1000 > MAX_WINDOW_US) {
+  const wait = maxWaitMs
+  if (wait === undefined) return policy
+  if (shadow === true) throw optionError(where + 'maxWaitMs', wait, 'unset with `shadow: true` (a shadow policy never holds a request)')
+  if (capacity * (1e6 / refillPerSecond) + wait * 1000 > MAX_WINDOW_US) {
     throw optionError(where + 'maxWaitMs', wait, 'at most 2^52 µs less the time an empty bucket takes to fill')
   }
+  return policy
 }
 
 /**

@@ -15,10 +15,9 @@ export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
 export type HeaderMode = (typeof HEADER_MODES)[number]
 
 /** `headers`: one of the modes; express-rate-limit's values are told their equivalent. */
-export function headerMode (value: unknown, name: string): void {
-  if (!(HEADER_MODES as readonly unknown[]).includes(value)) {
-    throw hinted(name, value, `one of ${HEADER_MODES.map((v) => describe(v)).join(', ')}`, headersValueHint(value))
-  }
+export function headerMode (value: unknown, name: string): HeaderMode {
+  for (const mode of HEADER_MODES) if (mode === value) return mode
+  throw hinted(name, value, `one of ${HEADER_MODES.map((v) => describe(v)).join(', ')}`, headersValueHint(value))
 }
 
 /** A header value as the adapters pass it on: numbers are whole, written in decimal. */

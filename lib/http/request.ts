@@ -22,7 +22,7 @@
 // request object; a synchronous result is used as it is, so the common
 // synchronous `key` costs no promise.
 
-import { describe } from '../core/errors.js'
+import { describe, messageOf } from '../core/errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from '../core/keys.js'
 import type { Core } from '../core/limiter.js'
@@ -157,7 +157,7 @@ function run<Req, T> (limit: RouteLimit<Req>, what: string, fn: RequestFn<Req, T
 }
 
 function failed<Req> (limit: RouteLimit<Req>, what: string, cause: unknown, side: RequestSide<Req>): Error {
-  const err = side.badInput(limit.name, `\`${what}\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+  const err = side.badInput(limit.name, `\`${what}\` threw: ${messageOf(cause)}`)
   err.cause = cause
   return err
 }

@@ -12,21 +12,19 @@
 
 import { optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
-import { CORE_POLICY_CHECKS, checkPolicies, checkPolicy } from '../core/policy.js'
-import { checkFields, cost, isFunction, isRecord, planFunction } from '../core/options.js'
+import { CORE_POLICY_CHECKS, checkPolicies, parsePolicy } from '../core/policy.js'
+import { cost, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
 import type { Policy } from '../core/types.js'
-
-type Check = (value: unknown, name: string) => void
 
 /**
  * Options every adapter takes per route as well as for itself: a core
  * policy's fields (checked as the core checks them), with `cost` that may be
  * a function of the request, and the route's own settings.
  */
-export const POLICY_CHECKS: Record<string, Check> = {
+export const POLICY_CHECKS = {
   ...CORE_POLICY_CHECKS,
   cost,
   key: isFunction,
@@ -51,14 +49,17 @@ const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow', 'settle']
  * route settings and its plans (`limit`). Checked before the merge, which
  * keeps known fields only and would drop a misspelt one unseen.
  */
-const PROGRAMMATIC_CHECKS: Record<string, Check> = Object.fromEntries(
+const PROGRAMMATIC_CHECKS: Parsers = Object.fromEntries(
   Object.entries(POLICY_CHECKS).filter(([name]) => !ROUTE_ONLY.includes(name) && name !== 'limit')
 )
 
+/** A route's settings, parsed: the fields POLICY_CHECKS knows, and an adapter's own (Fastify's `hook`). */
+export type RouteFields = Parsed<typeof POLICY_CHECKS> & { readonly [adapterOwn: string]: unknown }
+
 /** What an adapter adds to a route's settings (Fastify: `hook`). */
 export interface Dialect {
-  /** Checks of every option a route may set. */
-  checks: Record<string, Check>
+  /** Parsers of every option a route may set: POLICY_CHECKS and the adapter's own. */
+  checks: typeof POLICY_CHECKS & Parsers
   /** The names among them that are one per route. */
   wide: readonly string[]
   /** Where a missing capacity or rate can be set, for the error message. */
@@ -72,8 +73,8 @@ export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, 
 /** A function of the request, as the app wrote it; its result is checked per request. */
 export type RequestFn<Req, T> = (request: Req) => T | Promise<T>
 
-/** The merged options a route is compiled from: the adapter's, then the route's. */
-export type Defaults = Record<string, unknown>
+/** The adapter's options that routes merge over (its parsed options: the store's are never read here). */
+export type Defaults = RouteFields
 
 /** Everything one request's check needs, resolved once per route. */
 export interface RouteLimit<Req> {
@@ -90,6 +91,8 @@ export interface RouteLimit<Req> {
   tiers: Tiers<Req, RouteLimit<Req>> | undefined
   /** Charging by outcome (lib/http/settle-route.ts): the actual cost, from the request and the response. */
   settle: SettleFunction<Req, never> | undefined
+  /** The route's policies as parsed, where an adapter reads its own settings (routeWide). */
+  fields: readonly RouteFields[]
 }
 
 /**
@@ -103,6 +106,7 @@ export function compileRoute<Req> (
 ): RouteLimit<Req> {
   const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
   if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')
+  const entries: RouteFields[] = []
   const policies: Policy[] = []
   const costFns: Array<RequestFn<Req, number> | undefined> = []
   const buckets = new Set<string>()
@@ -110,24 +114,23 @@ export function compileRoute<Req> (
     const entry = list[i]
     const at = list.length === 1 ? where : `${listWhere}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
-    checkFields(entry, dialect.checks, at, {}, dialect.adapter)
-    if (list.length > 1 && entry.lease !== undefined) throw optionError(`${at}lease`, entry.lease, 'unset in an array of policies (leases serve single-policy routes)')
-    const base = (defaults.bucket as string | undefined) ?? name
-    const merged: Defaults = { ...defaults, ...entry }
-    if (list.length > 1) delete merged.lease
-    const policy = toPolicy(merged, (entry.bucket as string | undefined) ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
+    const fields: RouteFields = parseFields(entry, dialect.checks, at, {}, dialect.adapter)
+    if (list.length > 1 && fields.lease !== undefined) throw optionError(`${at}lease`, fields.lease, 'unset in an array of policies (leases serve single-policy routes)')
+    const base = defaults.bucket ?? name
+    const merged: RouteFields = { ...defaults, ...fields, ...(list.length > 1 ? { lease: undefined } : {}) }
+    const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
-    const spend = entry.cost ?? defaults.cost
-    costFns.push(typeof spend === 'function' ? spend as RequestFn<Req, number> : undefined)
+    costFns.push(declared<RequestFn<Req, number>>(fields.cost ?? defaults.cost))
+    entries.push(fields)
     policies.push(policy)
   }
   checkPolicies(policies, listWhere === where ? `${where}rateLimit` : listWhere)
   for (const field of dialect.wide) {
-    const values = new Set(list.map((e) => (e as Record<string, unknown>)[field]).filter((v) => v !== undefined))
+    const values = new Set(entries.map((e) => e[field]).filter((v) => v !== undefined))
     if (values.size > 1) throw optionError(`${where}${field}`, [...values][0], 'the same in every policy of the route (it is one per route)')
   }
-  const settle = routeWide(config, defaults, 'settle') as SettleFunction<Req, never> | undefined
+  const settle = declared<SettleFunction<Req, never>>(routeWide(entries, defaults, 'settle'))
   checkSettle(settle, policies, where)
   // Shadow policies never show in the headers: a client is not told of a limit that does not hold.
   const shown = policies.filter((p) => p.shadow !== true)
@@ -135,69 +138,55 @@ export function compileRoute<Req> (
     name,
     policies,
     costFns,
-    key: routeWide(config, defaults, 'key') as RequestFn<Req, string> | undefined,
-    allow: routeWide(config, defaults, 'allow') as RequestFn<Req, boolean> | undefined,
-    headers: (shown.length === 0 ? false : routeWide(config, defaults, 'headers') ?? 'draft-6') as HeaderMode,
+    key: declared<RequestFn<Req, string>>(routeWide(entries, defaults, 'key')),
+    allow: declared<RequestFn<Req, boolean>>(routeWide(entries, defaults, 'allow')),
+    headers: shown.length === 0 ? false : routeWide(entries, defaults, 'headers') ?? 'draft-6',
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
-    tiers: compileTiers(list.map((e) => ((e as Defaults).limit ?? defaults.limit) as LimitFunction<Req> | undefined)),
-    settle
+    tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
+    settle,
+    fields: entries
   }
 }
 
-/** A route-wide setting: from the route's policies, else the adapter's options. */
-export function routeWide (config: unknown, defaults: Defaults, field: string): unknown {
-  const list: unknown[] = Array.isArray(config) ? config : [config]
-  for (const entry of list) {
-    if (isRecord(entry) && entry[field] !== undefined) return entry[field]
+/**
+ * An app's function (`key`, `allow`, `cost`, `limit`, `settle`) typed as its
+ * option declares it. Parsing knows only that it is a function; what it
+ * returns is checked at each call (lib/http/request.ts, tiers.ts,
+ * settle-route.ts), so the declared signature is safe to take: the one cast
+ * of route compilation.
+ */
+function declared<F> (fn: AppFunction | number | undefined): F | undefined {
+  return typeof fn === 'function' ? fn as F : undefined
+}
+
+/** A route-wide setting: from the route's policies (parsed), else the adapter's options. */
+export function routeWide<K extends keyof RouteFields> (entries: readonly RouteFields[], defaults: Defaults, field: K): RouteFields[K] {
+  for (const entry of entries) {
+    if (entry[field] !== undefined) return entry[field]
   }
   return defaults[field]
 }
 
 /** A merged route or programmatic policy as the core's Policy; names the missing field (`adapter`: whose names a foreign one is read as). */
-export function toPolicy (merged: Defaults, bucket: string, where: string, hint = BASE_DIALECT.hint, adapter: Adapter = BASE_DIALECT.adapter): Policy {
-  for (const name of ['capacity', 'refillPerSecond'] as const) {
-    if (merged[name] === undefined) throw optionError(where + name, undefined, `a finite number > 0 (${hint})`)
-  }
-  const policy: Policy = {
-    bucket,
-    capacity: merged.capacity as number,
-    refillPerSecond: merged.refillPerSecond as number,
-    failureMode: merged.failureMode as Policy['failureMode']
-  }
-  if (typeof merged.cost === 'number') policy.cost = merged.cost
-  if (merged.local !== undefined) policy.local = merged.local as Policy['local']
-  if (merged.timeout !== undefined) policy.timeout = merged.timeout as number
-  if (merged.lease !== undefined) policy.lease = merged.lease as Policy['lease']
-  if (merged.shadow !== undefined) policy.shadow = merged.shadow as boolean
-  if (merged.lockout !== undefined) policy.lockout = merged.lockout as Policy['lockout']
-  if (merged.maxWaitMs !== undefined) policy.maxWaitMs = merged.maxWaitMs as number
-  checkPolicy(policy, where, adapter)
-  return policy
+export function toPolicy (merged: RouteFields, bucket: string, where: string, hint = BASE_DIALECT.hint, adapter: Adapter = BASE_DIALECT.adapter): Policy {
+  // The core's fields only: a route's own settings, and a cost that is a function of the request, are not the core's.
+  const { capacity, refillPerSecond, failureMode, cost, local, timeout, lease, shadow, lockout, maxWaitMs } = merged
+  const core = { bucket, capacity, refillPerSecond, failureMode, cost: typeof cost === 'number' ? cost : undefined, local, timeout, lease, shadow, lockout, maxWaitMs }
+  return parsePolicy(core, where, adapter, `a finite number > 0 (${hint})`)
 }
 
 /** Checks the adapter-level defaults that are checkable before any route merges over them. */
 export function checkDefaults (defaults: Defaults, where: string): void {
-  const capacity = defaults.capacity as number | undefined
-  if (typeof defaults.cost === 'number' && capacity !== undefined && defaults.cost > capacity && defaults.shadow !== true) {
-    throw optionError(where + 'cost', defaults.cost, `at most capacity (${capacity})`)
+  const { capacity, cost, lease, shadow, failureMode, local } = defaults
+  if (typeof cost === 'number' && capacity !== undefined && cost > capacity && shadow !== true) {
+    throw optionError(where + 'cost', cost, `at most capacity (${capacity})`)
   }
-  const tokens = (defaults.lease as { tokens: number } | undefined)?.tokens
-  if (tokens !== undefined && capacity !== undefined && tokens > capacity) {
-    throw optionError(where + 'lease.tokens', tokens, `at most capacity (${capacity})`)
+  if (lease !== undefined && capacity !== undefined && lease.tokens > capacity) {
+    throw optionError(where + 'lease.tokens', lease.tokens, `at most capacity (${capacity})`)
   }
-  if (defaults.failureMode === 'local' && defaults.local === undefined) {
+  if (failureMode === 'local' && local === undefined) {
     throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
   }
-}
-
-/** The options among `names` that are set, as the defaults routes merge over. */
-export function pick (options: object, names: readonly string[]): Defaults {
-  const out: Defaults = {}
-  for (const name of names) {
-    const value = (options as Record<string, unknown>)[name]
-    if (value !== undefined) out[name] = value
-  }
-  return out
 }
 
 /** `GET /users/:id`: the route pattern, never the raw URL; HEAD spends from GET's bucket. */
@@ -227,8 +216,8 @@ export function programmaticPolicies (defaults: Defaults, adapter: Adapter): (po
       for (const name of ROUTE_ONLY) {
         if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
       }
-      checkFields(policy, PROGRAMMATIC_CHECKS, 'policy.', {}, adapter)
-      core = toPolicy({ ...defaults, ...policy, cost: policy.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
+      const fields: RouteFields = parseFields(policy, PROGRAMMATIC_CHECKS, 'policy.', {}, adapter)
+      core = toPolicy({ ...defaults, ...fields, cost: fields.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
       merged.set(policy, core)
     }
     return core

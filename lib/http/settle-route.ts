@@ -12,7 +12,7 @@
 // bug of the app) and the reservation stands; a store that fails is
 // logged by the limiter and counted in `failedSettlements`.
 
-import { describe, optionError } from '../core/errors.js'
+import { describe, messageOf, optionError } from '../core/errors.js'
 import type { Core } from '../core/limiter.js'
 import { unsettled } from '../core/policy.js'
 import type { Decision, Limiter, Policy } from '../core/types.js'
@@ -72,7 +72,7 @@ export async function settleResponse<Q, P> (limiter: Limiter, pending: Pending, 
   try {
     actual = await (pending.settle as SettleFunction<Q, P>)(request, reply)
   } catch (cause) {
-    const err = side.badInput(pending.name, `\`settle\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+    const err = side.badInput(pending.name, `\`settle\` threw: ${messageOf(cause)}`)
     err.cause = cause
     side.settleFailed(request, err)
     return

@@ -23,10 +23,10 @@
 // validation each time. A bad value is a 500 TOLLGATE_BAD_INPUT before any
 // store call, as for `key` and `cost` (the adapter's error, through `bad`).
 
-import { describe } from '../core/errors.js'
+import { describe, messageOf } from '../core/errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
-import { checkPolicy } from '../core/policy.js'
-import { checkFields, isRecord, positiveNumber } from '../core/options.js'
+import { parsePolicy } from '../core/policy.js'
+import { isRecord, parseFields, positiveNumber } from '../core/options.js'
 import type { Policy } from '../core/types.js'
 
 /** The size and rate of a client's plan, as a `limit` function returns it. */
@@ -116,7 +116,7 @@ async function call<R> (name: string, fn: LimitFunction<R>, request: R, bad: Bad
   try {
     return await fn(request)
   } catch (cause) {
-    const err = bad(name, `\`limit\` threw: ${(cause as Error)?.message ?? describe(cause)}`)
+    const err = bad(name, `\`limit\` threw: ${messageOf(cause)}`)
     err.cause = cause
     throw err
   }
@@ -126,13 +126,12 @@ async function call<R> (name: string, fn: LimitFunction<R>, request: R, bad: Bad
 function merge (base: Policy, tier: unknown): Policy | string {
   const bad = `\`limit\` must return { capacity, refillPerSecond } or false, got ${describe(tier)}`
   if (!isRecord(tier)) return bad
-  const policy: Policy = { ...base, capacity: tier.capacity as number, refillPerSecond: tier.refillPerSecond as number }
   try {
-    checkFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
-    checkPolicy(policy, 'limit().')
+    const { capacity, refillPerSecond } = parseFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
+    const policy = parsePolicy({ ...base, capacity, refillPerSecond }, 'limit().')
     if (policy.capacity < 1 && policy.cost === undefined && policy.shadow !== true) return `${bad}: a capacity of at least the route's cost (1)`
+    return policy
   } catch (err) {
-    return `${bad}: ${(err as Error).message.replace(/^tollgate: /, '')}`
+    return `${bad}: ${err instanceof Error ? err.message.replace(/^tollgate: /, '') : describe(err)}`
   }
-  return policy
 }

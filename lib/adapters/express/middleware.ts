@@ -52,12 +52,12 @@ import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './limit
 import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
 import type { Core } from '../../core/limiter.js'
-import { checkFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
+import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import { takeReservation, type Pending } from '../../http/settle-route.js'
 import type { Tier } from '../../http/tiers.js'
-import { POLICY_CHECKS, checkDefaults, pick, programmaticPolicies, type RouteLimit } from '../../http/route.js'
+import { POLICY_CHECKS, checkDefaults, programmaticPolicies, type Defaults, type RouteLimit } from '../../http/route.js'
 import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient, Reservation } from '../../core/types.js'
 
 export { APP_BUCKET, MAX_NAMES }
@@ -239,8 +239,7 @@ function logArgs (obj: object, msg: string): unknown[] {
 export function rateLimit (options: ExpressOptions): RateLimit {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, OPTION_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'express')
-  const defaults = pick(options, Object.keys(POLICY_CHECKS))
+  const defaults: Defaults = parseFields(input, OPTION_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'express')
   checkDefaults(defaults, '')
   const log = options.logger ?? CONSOLE
   const core = adapterCore(options, log)

@@ -31,12 +31,12 @@ import { optionError } from '../../core/errors.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './errors.js'
 import {
-  HOOKS, checkFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
+  HOOKS, parseFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
 } from '../../core/options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Denial } from '../../http/request.js'
 import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import {
-  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, pick, programmaticPolicies, routeName, routeWide,
+  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type NamedPolicy, type RouteLimit
 } from '../../http/route.js'
 import { RESERVATION, takeReservation } from '../../http/settle-route.js'
@@ -52,9 +52,11 @@ const START_WAIT_MS = 2000
 /** The bucket of 404s, unless the policy names one. */
 const NOT_FOUND = '404'
 
+const hookOption = oneOf(HOOKS)
+
 /** Fastify's route settings: the common ones, and where the check runs. */
 const FASTIFY: Dialect = {
-  checks: { ...POLICY_CHECKS, hook: oneOf(HOOKS) },
+  checks: { ...POLICY_CHECKS, hook: hookOption },
   wide: [...ROUTE_WIDE, 'hook'],
   hint: BASE_DIALECT.hint,
   adapter: 'fastify'
@@ -91,8 +93,7 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   if (app.hasDecorator('tollgate')) throw alreadyRegistered()
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
-  checkFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'fastify')
-  const defaults = pick(options, Object.keys(FASTIFY.checks))
+  const defaults: Defaults = parseFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'fastify')
   checkDefaults(defaults, '')
 
   const core = adapterCore(options, app.log)
@@ -229,7 +230,7 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
 /** A route's limit for Fastify: the common one, with its hook. */
 function compileFastify (name: string, config: unknown, defaults: Defaults, where?: string, listWhere?: string): FastifyLimit {
   const limit = compileRoute<FastifyRequest>(name, config, defaults, FASTIFY, where, listWhere)
-  return { ...limit, hook: (routeWide(config, defaults, 'hook') ?? 'onRequest') as Hook }
+  return { ...limit, hook: hookOption(routeWide(limit.fields, defaults, 'hook') ?? 'onRequest', 'hook') }
 }
 
 /**
