@@ -132,6 +132,6 @@ function merge (base: Policy, tier: unknown): Policy | string {
     if (policy.capacity < 1 && policy.cost === undefined && policy.shadow !== true) return `${bad}: a capacity of at least the route's cost (1)`
     return policy
   } catch (err) {
-    return `${bad}: ${err instanceof Error ? err.message.replace(/^tollgate: /, '') : describe(err)}`
+    return `${bad}: ${messageOf(err).replace(/^tollgate: /, '')}`
   }
 }

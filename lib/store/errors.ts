@@ -20,6 +20,6 @@ export class StoreError extends Error {
 const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPERM\b.*\b(?:evalsha|eval|script)\b|ERR Could not find scripting engine)/i
 
 /** True for an error that says the store cannot run the scripts. */
-export function scriptsRefused (cause: unknown): boolean {
+export function scriptsRefused (cause: unknown): cause is Error {
   return cause instanceof Error && NO_SCRIPTS.test(cause.message)
 }

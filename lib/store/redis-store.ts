@@ -257,7 +257,7 @@ export class RedisStore implements Store, LeaseStore {
     try {
       await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
     } catch (cause) {
-      if (scriptsRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause })
+      if (scriptsRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
     }
     return undefined
   }
