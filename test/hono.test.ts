@@ -327,6 +327,17 @@ t.test('trustProxy: none by default (one warning on a forwarding header); addres
   t.equal(logger.lines.length, 1)
   t.match(logger.lines[0], /carries Forwarded but `trustProxy` trusts no proxy/)
   t.same(await keysUnder(redis, plain.prefix), [`${plain.prefix}:{127.0.0.1}:GET /x`], 'X-Forwarded-For is not read')
+  const other = memoryLogger()
+  const second = new Hono<RateLimitEnv>()
+  second.get('/x', limiter(t, { logger: other }).limit(), ok)
+  await (await listenHono(t, second))('/x', { 'x-forwarded-for': '192.0.2.7' })
+  t.match(other.lines, [/carries X-Forwarded-For but `trustProxy` trusts no proxy/], 'the header is named')
+
+  const direct = limiter(t, { trustProxy: 'loopback' })
+  const directApp = new Hono<RateLimitEnv>()
+  directApp.get('/x', direct.limit(), ok)
+  await (await listenHono(t, directApp))('/x')
+  t.same(await keysUnder(redis, direct.prefix), [`${direct.prefix}:{127.0.0.1}:GET /x`], 'a trusted peer without X-Forwarded-For is the client')
 
   const cases: Array<[string, HonoOptions['trustProxy'], string, string]> = [
     ['loopback', 'loopback', '203.0.113.1, 192.0.2.7', '192.0.2.7'],
@@ -550,6 +561,8 @@ t.test("options are checked like the other adapters': coded TypeErrors naming th
     ['an option of hono-rate-limiter', () => rateLimit({ ...base, windowMs: 60_000 } as never), /unknown option `windowMs`.*refillPerSecond/],
     ["hono-rate-limiter's keyGenerator", () => rateLimit({ ...base, keyGenerator: () => 'x' } as never), /unknown option `keyGenerator`.*`key`/],
     ["express-rate-limit's skipFailedRequests, answered for Hono", () => rateLimit({ ...base, skipFailedRequests: true } as never), /`settle`: \(c\) => c\.res\.status >= 400 \? 0 : 1/],
+    ["express-rate-limit's message, answered for Hono", () => rateLimit({ ...base, message: 'slow down' } as never), /unknown option `message`.*`handler`, e\.g\. \(c\) => c\.json\(\{ message: '\.\.\.' \}, 429\)/],
+    ["express-rate-limit's requestPropertyName, answered for Hono", () => rateLimit({ ...base, requestPropertyName: 'limit' } as never), /unknown option `requestPropertyName`.*c\.get\('rateLimit'\)/],
     ["Fastify's hook", () => rateLimit({ ...base, hook: 'preHandler' } as never), /unknown option `hook`/],
     ['a handler that is no function', () => rateLimit({ ...base, handler: 'x' } as never), /`handler` must be a function/],
     ['a logger without methods', () => rateLimit({ ...base, logger: {} } as never), /`logger` must be a logger with warn, info and error methods/],
