@@ -537,6 +537,15 @@ for (const first of ['server.close()', 'limit.close()'] as const) {
   })
 }
 
+t.test('after limit.close(), a Response the handler built says Connection: close too', async (t) => {
+  const limit = rateLimit({ prefix: uniquePrefix(), capacity: 5, refillPerSecond: 1, failureMode: 'open', logger: memoryLogger() })
+  const app = new Hono<RateLimitEnv>()
+  app.get('/raw', limit(), () => new Response('built by the handler'))
+  await limit.close()
+  const res = await app.request('/raw')
+  t.same([res.status, res.headers.get('connection'), res.headers.get('ratelimit-remaining')], [200, 'close', '4'])
+})
+
 t.test('the programmatic API: consume, peek, reset, reserve and settle over the options', async (t) => {
   const { limit } = limiter(t, { capacity: 5, refillPerSecond: 0.01, timeout: 1000 })
   const login = { bucket: 'login', cost: 2 }

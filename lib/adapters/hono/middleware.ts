@@ -23,10 +23,11 @@
 // Without the Node server (`app.request()` in tests), a request has no
 // address and shares NO_ADDRESS, with one warning.
 //
-// Headers. They are written on `c.res` before the handler runs, so that
-// they reach the response whether the handler answers with `c.json()` or
-// returns a Response it built (Hono merges the context's headers into it).
-// The decision is `c.get('rateLimit')`.
+// Headers. They are set on the context (`c.header`) before the handler
+// runs, so that Hono puts them on the response it makes (`c.json()`,
+// `c.text()`), at no cost beyond the header; a handler that returns a
+// Response it built itself gets them written onto it afterwards (one
+// header looked up tells which). The decision is `c.get('rateLimit')`.
 //
 // Settlement. A request that reserved settles when its response is
 // finished (the Node response's 'finish'), or, off the Node server, once
@@ -48,7 +49,7 @@ import type { HeaderValue } from '../../http/headers.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { clientAddress, compileTrust, trustProxyOption, trustsAll, type Trust, type TrustProxy } from '../../http/proxy.js'
 import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, registry, type LimitOf, type Routes } from '../../http/registry.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, type Denial } from '../../http/request.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { POLICY_CHECKS, checkDefaults, pick, routeName, type RouteLimit } from '../../http/route.js'
 import { STORE_CHECKS, adapterCore } from '../../http/setup.js'
 import { takeReservation, type Pending } from '../../http/settle-route.js'
@@ -236,23 +237,33 @@ function checker (layer: RequestLayer<Context>, ready: Promise<void>, handler: H
       if (waiting !== undefined) await waiting
       const decided = await layer.decide(limitOf(c), c)
       const pending = takeReservation(c)
-      // Made now, so that the headers set below are merged into whatever
-      // response the handler returns (see the top of this file).
-      const res = c.res
       // Shutting down: the connection is not kept alive after this answer.
-      if (closing) res.headers.set('connection', 'close')
-      if (decided === undefined) return await pass(c, next, pending)
+      if (closing) c.header('connection', 'close')
+      if (decided === undefined) return await pass(c, next, pending, undefined)
       const { decision } = decided
       c.set('rateLimit', decision)
-      const denial = answer(decided.limit, decision, res.headers, setHeader)
-      if (denial === undefined) return await pass(c, next, pending)
-      return await deny(c, denial, decision, handler)
+      written = undefined
+      const denial = answer(decided.limit, decision, c, setHeader)
+      if (denial !== undefined) return await deny(c, denial, decision, handler)
+      const shown = written
+      return await pass(c, next, pending, shown === undefined ? undefined : () => { reapply(c, decided, shown) })
     }
   }
-  async function pass (c: Context, next: Next, pending: Pending | undefined): Promise<undefined> {
+  /**
+   * The handler runs; a Response it built itself does not carry the
+   * context's headers (Hono merges them only into the responses it makes),
+   * so they are written again onto it (see the top of this file).
+   */
+  async function pass (c: Context, next: Next, pending: Pending | undefined, check: (() => void) | undefined): Promise<undefined> {
     await next()
+    check?.()
     if (pending !== undefined) settleWhenFinished(pending, c)
     return undefined
+  }
+  function reapply (c: Context, decided: Decided<Context>, shown: string): void {
+    if (c.res.headers.get(shown) !== null) return
+    answer(decided.limit, decided.decision, c, setHeader)
+    if (closing) c.header('connection', 'close')
   }
   function settleWhenFinished (pending: Pending, c: Context): void {
     const settle = (): void => { void layer.settle(pending, c, c.res) }
@@ -290,8 +301,12 @@ async function deny (c: Context, denial: Denial, decision: Decision, handler: Ho
   return c.body(denialBody(denial), denial.statusCode, { 'content-type': 'application/json; charset=utf-8' })
 }
 
-function setHeader (headers: Headers, name: string, value: HeaderValue): void {
-  headers.set(name, String(value))
+/** The last header name setHeader wrote (answer() writes synchronously): a name to look for on the handler's response. */
+let written: string | undefined
+
+function setHeader (c: Context, name: string, value: HeaderValue): void {
+  c.header(name, String(value))
+  written = name
 }
 
 /** The Node server's objects of a request, when it came through @hono/node-server. */
