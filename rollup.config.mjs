@@ -24,8 +24,15 @@ function optionalFastify () {
   }
 }
 
+/** The shared declarations by wing: the core's types, and what the middleware adapters share. */
+function chunkOf (id) {
+  if (/\/\.types\/(core|store)\//.test(id)) return 'types'
+  if (/\/\.types\/http\//.test(id)) return 'http'
+  return undefined
+}
+
 export default {
-  input: { index: 'dist/.types/index.d.ts', express: 'dist/.types/express.d.ts' },
-  output: { dir: 'dist', format: 'es', entryFileNames: '[name].d.ts', chunkFileNames: 'types.d.ts', minifyInternalExports: false },
+  input: { index: 'dist/.types/index.d.ts', express: 'dist/.types/express.d.ts', hono: 'dist/.types/hono.d.ts' },
+  output: { dir: 'dist', format: 'es', entryFileNames: '[name].d.ts', chunkFileNames: '[name].d.ts', manualChunks: chunkOf, minifyInternalExports: false },
   plugins: [dts(), optionalFastify()]
 }

@@ -1,6 +1,7 @@
 // One app server of the benchmark, run as a child process so that its CPU
 // time is its own: Fastify (or, for the `express-*` and `erl-*`
-// configurations, Express) with GET /w (and, with `probePolicy`, GET
+// configurations, Express; for `hono-*` and `hrl-*`, Hono on
+// @hono/node-server) with GET /w (and, with `probePolicy`, GET
 // /probe), limited by the configuration named in BENCH_APP (JSON), or, for
 // `round-trip`, making one empty Redis script call per request. Over IPC:
 //   -> 'ready'   { port }                       once listening
@@ -16,13 +17,17 @@
 import { writeFileSync } from 'node:fs'
 import { Session } from 'node:inspector/promises'
 import rateLimit from '@fastify/rate-limit'
+import { createAdaptorServer } from '@hono/node-server'
 import express from 'express'
 import { rateLimit as expressRateLimit } from 'express-rate-limit'
 import Fastify from 'fastify'
+import { Hono } from 'hono'
+import { RedisStore as HonoRedisStore, rateLimiter as honoRateLimiter } from 'hono-rate-limiter'
 import { Redis } from 'ioredis'
 import { RedisStore } from 'rate-limit-redis'
 import tollgate from 'tollgate'
 import { rateLimit as tollgateExpress } from 'tollgate/express'
+import { rateLimit as tollgateHono } from 'tollgate/hono'
 
 const spec = JSON.parse(process.env.BENCH_APP ?? '{}')
 const { config } = spec
@@ -33,7 +38,8 @@ let redis
 // included, goes through sendCommand): the round trips per request.
 let commands = 0
 const onExpress = config.startsWith('express') || config.startsWith('erl')
-if (config === 'frl-redis' || config === 'erl-redis' || config === 'round-trip' || config.startsWith('tollgate') || (onExpress && config !== 'express-bare')) {
+const onHono = config.startsWith('hono') || config.startsWith('hrl')
+if (config === 'frl-redis' || config === 'erl-redis' || config === 'round-trip' || config.startsWith('tollgate') || (onExpress && config !== 'express-bare') || (onHono && config !== 'hono-bare')) {
   redis = new Redis({ host: '127.0.0.1', port: spec.redisPort })
   const send = redis.sendCommand
   redis.sendCommand = function countedSendCommand (...args) {
@@ -63,7 +69,7 @@ function record (rateLimitDecision, client) {
   }
 }
 
-const { server, close } = onExpress ? await expressApp() : await fastifyApp()
+const { server, close } = onExpress ? await expressApp() : onHono ? await honoApp() : await fastifyApp()
 server.on('request', () => { requests++ })
 
 async function fastifyApp () {
@@ -144,6 +150,48 @@ async function expressApp () {
   app.get('/w', ...limitOf(spec.policy), handler)
   if (spec.probePolicy !== undefined) app.get('/probe', ...limitOf(spec.probePolicy), handler)
   const server = await new Promise((resolve) => { const s = app.listen(0, '127.0.0.1', () => resolve(s)) })
+  return { server, close: () => new Promise((resolve) => { server.closeAllConnections(); server.close(resolve) }) }
+}
+
+/**
+ * The Hono configurations, on @hono/node-server: bare, hono-rate-limiter
+ * with its own Redis store (a fixed window, as express-rate-limit, whose
+ * options it takes), and tollgate/hono exact or with its caches.
+ */
+async function honoApp () {
+  const app = new Hono()
+  const honoClient = (c) => c.req.header('x-client-id')
+  let limitOf = () => []
+  if (config === 'hrl-redis') {
+    // Its store takes a client with scriptLoad and evalsha(sha, keys, args):
+    // ioredis's, in those terms.
+    const client = {
+      scriptLoad: (script) => redis.script('LOAD', script),
+      evalsha: (sha, keys, args) => redis.evalsha(sha, keys.length, ...keys, ...args),
+      decr: (key) => redis.decr(key),
+      del: (key) => redis.del(key)
+    }
+    let n = 0
+    limitOf = (policy) => [honoRateLimiter({
+      windowMs: Math.round(policy.capacity / policy.refillPerSecond * 1000),
+      limit: policy.capacity,
+      keyGenerator: honoClient,
+      standardHeaders: 'draft-6',
+      store: new HonoRedisStore({ client, prefix: `hrl${n++}:` })
+    })]
+  } else if (config.startsWith('hono-tollgate')) {
+    const limit = tollgateHono({ redis, failureMode: 'open', timeout: spec.timeout, key: honoClient, logger: { warn () {}, info () {}, error () {} }, ...spec.pluginExtra })
+    limitOf = (policy) => [limit({ ...policy, ...spec.policyExtra })]
+    await limit.ready
+  }
+  const handler = (c) => {
+    record(c.get('rateLimit'), honoClient(c))
+    return c.text('ok')
+  }
+  app.get('/w', ...limitOf(spec.policy), handler)
+  if (spec.probePolicy !== undefined) app.get('/probe', ...limitOf(spec.probePolicy), handler)
+  const server = createAdaptorServer({ fetch: app.fetch })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
   return { server, close: () => new Promise((resolve) => { server.closeAllConnections(); server.close(resolve) }) }
 }
 

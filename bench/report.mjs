@@ -184,6 +184,14 @@ export function report (run) {
       `tollgate/express exact ${micros(exact)} (ratio ${fixed(ratio(exact), 2)}, ${verdict(ratio(exact), 1)}; target <= 1), ` +
       `with local caches ${micros(cached)} (ratio ${fixed(ratio(cached), 2)})`)
   }
+  for (const w of workloads) {
+    if (!ran(w.id, 'hono-bare')) continue
+    const hrl = addedOver(w.id, 'hrl-redis', 'hono-bare')
+    const exact = addedOver(w.id, 'hono-tollgate-exact', 'hono-bare')
+    const ratio = exact === undefined || hrl === undefined ? undefined : exact / hrl
+    out.push(`- ${w.id} on Hono: Node CPU per request added over bare Hono: hono-rate-limiter with its Redis store ${micros(hrl)}, ` +
+      `tollgate/hono exact ${micros(exact)} (ratio ${fixed(ratio, 2)})`)
+  }
   if (workloads.some((w) => w.id === 'W2')) {
     const calls = med('W2', 'tollgate-cached', (x) => x.callsPerReq)
     const stat = med('W2', 'tollgate-cached', (x) => x.statCallsPerReq)

@@ -78,7 +78,10 @@ const CONFIGS = [
   { id: 'express-bare', label: 'bare Express 5' },
   { id: 'erl-redis', label: 'express-rate-limit with rate-limit-redis, on Express 5' },
   { id: 'express-tollgate-exact', label: 'tollgate/express, exact (a script call per request), on Express 5' },
-  { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' }
+  { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' },
+  { id: 'hono-bare', label: 'bare Hono 4 on @hono/node-server' },
+  { id: 'hrl-redis', label: 'hono-rate-limiter with its Redis store, on Hono 4' },
+  { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (a script call per request), on Hono 4' }
 ].filter((c) => envList('BENCH_CONFIGS')?.includes(c.id) ?? true)
 
 const WORKLOADS = [

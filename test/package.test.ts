@@ -7,9 +7,13 @@
 //   strict, exactOptionalPropertyTypes and skipLibCheck false, and mistyped
 //   policies do not (each marked line fails, and only those);
 // - with ioredis removed, the published types still compile;
-// - CommonJS `require('tollgate')` and `require('tollgate/express')` work,
-//   and the plugin and the Express middleware each decide a request on a
-//   real Redis through the installed ioredis (with express@5 installed);
+// - CommonJS `require('tollgate')`, `require('tollgate/express')` and
+//   `require('tollgate/hono')` work, and the plugin, the Express middleware
+//   and the Hono middleware each decide a request on a real Redis through
+//   the installed ioredis (with express@5, hono@4 and @hono/node-server@2
+//   installed);
+// - a Hono project without fastify or express compiles against
+//   tollgate/hono;
 // - on each current Node LTS line (22 and 24, whatever Node runs this test:
 //   their binaries come from the npm registry's `node` package, through
 //   npx), a fresh project installs the tarball with no warning at all (no
@@ -42,6 +46,8 @@ import { Redis } from 'ioredis'
 import tollgate, { createLimiter, routePolicy, type Decision, type ProgrammaticPolicy, type RoutePolicy } from 'tollgate'
 import express from 'express'
 import { rateLimit } from 'tollgate/express'
+import { Hono } from 'hono'
+import { rateLimit as honoRateLimit, type RateLimitEnv } from 'tollgate/hono'
 
 const app = Fastify()
 const redis = new Redis('redis://127.0.0.1:6379', { lazyConnect: true })
@@ -56,6 +62,8 @@ const limiter = createLimiter()
 await limiter.close()
 const limit = rateLimit({ redis, capacity: 10, refillPerSecond: 1, failureMode: 'open' })
 express().get('/x', limit({ capacity: 5 }), (req, res) => { res.json(req.rateLimit?.remaining) })
+const honoLimit = honoRateLimit({ redis, capacity: 10, refillPerSecond: 1, failureMode: 'open', trustProxy: 'loopback' })
+new Hono<RateLimitEnv>().get('/x', honoLimit({ capacity: 5 }), (c) => c.json({ remaining: c.get('rateLimit')?.remaining }))
 export { decision }
 `
 
@@ -129,6 +137,23 @@ const back: Decision = await limit.limiter.consume('k', rootPolicy)
 export { app, decision, rootDecision, back }
 `
 
+// A Hono project without fastify or express: everything it needs comes
+// from tollgate/hono, and none of the files that entry reaches imports
+// either.
+const HONO_ONLY = `import { Hono } from 'hono'
+import { rateLimit, type Decision, type Policy, type RateLimitEnv, type Reservation } from 'tollgate/hono'
+
+const limit = rateLimit({ capacity: 10, refillPerSecond: 1, failureMode: 'open' })
+const app = new Hono<RateLimitEnv>()
+app.use(limit)
+app.get('/x', limit({ capacity: 5 }), (c) => c.json({ remaining: c.get('rateLimit')?.remaining }))
+const policy: Policy = { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' }
+const reservation: Reservation = await limit.reserve('k', { bucket: 'exports' }, 2)
+await limit.settle(reservation, 1)
+const decision: Decision = await limit.limiter.consume('k', policy)
+export { app, decision }
+`
+
 // The smokes prove a decision made by Redis through the installed ioredis:
 // their deadline is one a loaded machine does not miss (the default 10 ms
 // is, at times, and the limit then fails closed with a 503).
@@ -155,6 +180,7 @@ if (typeof tollgate.default !== 'function' || typeof tollgate.createLimiter !== 
 }
 const { rateLimit } = require('tollgate/express')
 if (typeof rateLimit !== 'function') throw new Error('require(tollgate/express) lacks rateLimit')
+if (typeof require('tollgate/hono').rateLimit !== 'function') throw new Error('require(tollgate/hono) lacks rateLimit')
 console.log('cjs ok')
 `
 
@@ -177,6 +203,27 @@ const server = app.listen(0, '127.0.0.1', async () => {
   await redis.quit()
 })
 `
+/** Runs the packed Hono middleware with the installed hono@4, @hono/node-server@2 and ioredis against a real Redis. */
+const HONO_SMOKE = `import { serve } from '@hono/node-server'
+import { Hono } from 'hono'
+import { Redis } from 'ioredis'
+import { rateLimit } from 'tollgate/hono'
+
+const redis = new Redis(process.env.REDIS_URL)
+const limit = rateLimit({ redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 2000 })
+const app = new Hono()
+app.get('/', limit(), (c) => c.json(c.get('rateLimit')))
+const server = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, async (info) => {
+  const url = 'http://127.0.0.1:' + info.port + '/'
+  const first = await fetch(url)
+  const second = await fetch(url)
+  console.log(JSON.stringify({ first: first.status, source: (await first.json()).source, second: second.status }))
+  server.close()
+  await limit.close()
+  await redis.quit()
+})
+`
+
 /** The Node LTS lines supported and tested (package.json `engines`, the README's "Requirements"). */
 const LTS = ['22', '24']
 
@@ -222,7 +269,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${newest}`, '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -231,8 +278,12 @@ async function setUp (base: string): Promise<Project> {
 }
 
 /** Diagnostics of `files` (name -> text) compiled in the consumer project, by file. */
+// hono 4.13's own declarations (its WebSocket helper) name the DOM's
+// CloseEvent, which @types/node does not declare as a type: a project that
+// checks them (skipLibCheck false) adds "DOM" to `lib`, as README
+// "Requirements" says.
 function compile (dir: string, files: Record<string, string>): Map<string, ts.Diagnostic[]> {
-  const { options } = ts.convertCompilerOptionsFromJson(STRICT_OPTIONS, dir)
+  const { options } = ts.convertCompilerOptionsFromJson({ ...STRICT_OPTIONS, lib: [...STRICT_OPTIONS.lib, 'DOM'] }, dir)
   const texts = new Map(Object.entries(files).map(([name, text]) => [join(dir, 'src', name), text]))
   const base = ts.createCompilerHost(options)
   const host: ts.CompilerHost = {
@@ -270,20 +321,23 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   t.ok(project.files.includes('LICENSE'), 'LICENSE')
   t.ok(project.files.includes('dist/index.js') && project.files.includes('dist/index.d.ts'), 'dist/index.js and .d.ts')
   t.ok(project.files.includes('dist/express.js') && project.files.includes('dist/express.d.ts'), 'dist/express.js and .d.ts')
+  t.ok(project.files.includes('dist/hono.js') && project.files.includes('dist/hono.d.ts'), 'dist/hono.js and .d.ts')
   t.ok(project.files.includes('lua/token-bucket.lua'), 'the scripts')
   t.same(project.files.filter((f) => f.endsWith('.map')), [], 'no source maps (they would point at lib/, which is not shipped)')
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
-  t.same(project.files.filter((f) => f.endsWith('.d.ts')).sort(), ['dist/express.d.ts', 'dist/index.d.ts', 'dist/types.d.ts'],
-    'declarations: one per entry and the types they share, none of the internal modules')
-  const shared = await readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', 'types.d.ts'), 'utf8')
-  const entries = (await Promise.all(['index', 'express'].map((entry) => readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', `${entry}.d.ts`), 'utf8')))).join('\n')
+  t.same(project.files.filter((f) => f.endsWith('.d.ts')).sort(), ['dist/express.d.ts', 'dist/hono.d.ts', 'dist/http.d.ts', 'dist/index.d.ts', 'dist/types.d.ts'],
+    'declarations: one per entry and the types they share (the core\'s, the request layer\'s), none of the internal modules')
+  const read = async (name: string): Promise<string> => await readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', `${name}.d.ts`), 'utf8')
+  const shared = (await Promise.all(['types', 'http'].map(read))).join('\n')
+  t.notMatch(shared, /from '(fastify|express|hono|ioredis)/, 'the shared declarations import no framework and no client')
+  const entries = (await Promise.all(['index', 'express', 'hono'].map(read))).join('\n')
   const exported = [...shared.matchAll(/export (?:type )?\{([^}]*)\}/g)].flatMap((m) => (m[1] as string).split(',').map((name) => name.trim())).filter((name) => name !== '')
   t.ok(exported.length > 10, `${exported.length} shared types`)
   t.same(exported.filter((name) => !new RegExp(`\\b${name}\\b`).test(entries)), [], 'every shared type is one an entry exports or uses')
   t.same(['RedisStore', 'Guard', 'Engine', 'Remote', 'SettleDeps', 'DenialCache'].filter((name) => new RegExp(`\\b(class|interface|type) ${name}\\b`).test(shared + entries)), [], 'no internal class or type is declared')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', 'express', 'fastify', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@hono/node-server', '@opentelemetry/api', 'express', 'fastify', 'hono', 'ioredis'])
 })
 
 t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {
@@ -328,6 +382,16 @@ t.test('an Express project without fastify installed compiles against tollgate/e
   }
 })
 
+t.test('a Hono project without fastify or express installed compiles against tollgate/hono (skipLibCheck false)', async (t) => {
+  const hidden = ['fastify', 'express', '@types/express'].map((name) => join(project.dir, 'node_modules', name))
+  for (const dir of hidden) await rename(dir, `${dir}.hidden`)
+  try {
+    t.same(all(compile(project.dir, { 'hono-only.ts': HONO_ONLY })), [])
+  } finally {
+    for (const dir of hidden) await rename(`${dir}.hidden`, dir)
+  }
+})
+
 t.test('require() from CommonJS, and a request decided on Redis through the installed ioredis', async (t) => {
   await writeFile(join(project.dir, 'cjs.cjs'), CJS)
   t.equal((await run('node', ['cjs.cjs'], { cwd: project.dir })).stdout.trim(), 'cjs ok')
@@ -338,6 +402,9 @@ t.test('require() from CommonJS, and a request decided on Redis through the inst
   await writeFile(join(project.dir, 'express-smoke.mjs'), EXPRESS_SMOKE)
   const viaExpress = await run('node', ['express-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-express` } })
   t.same(JSON.parse(viaExpress.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/express')
+  await writeFile(join(project.dir, 'hono-smoke.mjs'), HONO_SMOKE)
+  const viaHono = await run('node', ['hono-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-hono` } })
+  t.same(JSON.parse(viaHono.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/hono')
 })
 
 t.test('on Node 22 and 24: a fresh project installs the tarball with no warning, and each adapter decides a request', async (t) => {
@@ -351,7 +418,7 @@ t.test('on Node 22 and 24: a fresh project installs the tarball with no warning,
       name: `node${major}`,
       private: true,
       type: 'module',
-      dependencies: { tollgate: `file:${project.tarball}`, fastify: '^5', express: '^5', ioredis: `^${project.newest}` }
+      dependencies: { tollgate: `file:${project.tarball}`, fastify: '^5', express: '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${project.newest}` }
     }, null, 2))
     // npm runs on the first `node` of PATH: this one, so its engine checks are that Node's.
     const env = { ...process.env, PATH: `${dirname(node)}${delimiter}${process.env.PATH ?? ''}`, REDIS_URL: url }
@@ -360,10 +427,13 @@ t.test('on Node 22 and 24: a fresh project installs the tarball with no warning,
     t.notMatch(log, /warn|EBADENGINE|ERESOLVE|peer/i, `Node ${major}: npm install prints no warning`, { log })
     await writeFile(join(dir, 'smoke.mjs'), SMOKE)
     await writeFile(join(dir, 'express-smoke.mjs'), EXPRESS_SMOKE)
+    await writeFile(join(dir, 'hono-smoke.mjs'), HONO_SMOKE)
     const prefix = `package-node${major}-${process.pid}-${Date.now()}`
     const fastify = await run(node, ['smoke.mjs'], { cwd: dir, env: { ...env, PREFIX: prefix } })
     t.same(JSON.parse(fastify.stdout), { first: 200, source: 'store', second: 429 }, `Node ${major}: the Fastify plugin`)
     const express = await run(node, ['express-smoke.mjs'], { cwd: dir, env: { ...env, PREFIX: `${prefix}-express` } })
     t.same(JSON.parse(express.stdout), { first: 200, source: 'store', second: 429 }, `Node ${major}: tollgate/express`)
+    const hono = await run(node, ['hono-smoke.mjs'], { cwd: dir, env: { ...env, PREFIX: `${prefix}-hono` } })
+    t.same(JSON.parse(hono.stdout), { first: 200, source: 'store', second: 429 }, `Node ${major}: tollgate/hono`)
   }
 })

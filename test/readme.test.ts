@@ -37,7 +37,7 @@ function describe (d: ts.Diagnostic, snippets: Map<string, Snippet>): string {
 /** Diagnostics of the snippet files, compiled in memory next to the tests so packages resolve as in the repo. */
 function compileSnippets (snippets: readonly Snippet[]): string[] {
   const converted = ts.convertCompilerOptionsFromJson(STRICT_OPTIONS, ROOT)
-  const options: ts.CompilerOptions = { ...converted.options, paths: { tollgate: [join(ROOT, 'lib', 'index.ts')], 'tollgate/express': [join(ROOT, 'lib', 'express.ts')] } }
+  const options: ts.CompilerOptions = { ...converted.options, paths: { tollgate: [join(ROOT, 'lib', 'index.ts')], 'tollgate/express': [join(ROOT, 'lib', 'express.ts')], 'tollgate/hono': [join(ROOT, 'lib', 'hono.ts')] } }
   const files = new Map<string, string>([[PRELUDE_FILE, PRELUDE]])
   const byFile = new Map<string, Snippet>()
   for (const snippet of snippets) {
@@ -71,7 +71,8 @@ async function runSnippet (snippet: Snippet, url: string): Promise<{ code: numbe
   const file = join(dir, snippet.name)
   const lib = relative(dir, join(ROOT, 'lib', 'index.js')).split('\\').join('/')
   const express = relative(dir, join(ROOT, 'lib', 'express.js')).split('\\').join('/')
-  await writeFile(file, snippet.code.replace(/from 'tollgate'/g, `from '${lib}'`).replace(/from 'tollgate\/express'/g, `from '${express}'`))
+  const hono = relative(dir, join(ROOT, 'lib', 'hono.js')).split('\\').join('/')
+  await writeFile(file, snippet.code.replace(/from 'tollgate'/g, `from '${lib}'`).replace(/from 'tollgate\/express'/g, `from '${express}'`).replace(/from 'tollgate\/hono'/g, `from '${hono}'`))
   try {
     return await new Promise((resolve) => {
       const child = fork(file, { execArgv: process.execArgv, env: { ...process.env, REDIS_URL: url }, stdio: 'pipe' })
@@ -216,7 +217,8 @@ async function startExample (file: string): Promise<{ port: number, stop: () => 
 // (test/model.test.ts holds them to one model).
 const SESSIONS: Array<[string, string]> = [
   ['## A curl session', 'examples/app.js'],
-  ['### A curl session (Express)', 'examples/express.js']
+  ['### A curl session (Express)', 'examples/express.js'],
+  ['### A curl session (Hono)', 'examples/hono.js']
 ]
 
 t.test('the curl sessions print what the README shows', async (t) => {

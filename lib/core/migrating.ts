@@ -3,7 +3,7 @@
 // Most users come to tollgate from express-rate-limit, @fastify/rate-limit
 // or rate-limiter-flexible, and write those names first: `windowMs`, `max`,
 // `points`. An unknown name that one of them uses is answered with its
-// replacement (lib/core/options.ts `checkFields` asks here), read as the adapter's
+// replacement (lib/core/options.ts `parseFields` asks here), read as the adapter's
 // users most likely meant it: `max` is express-rate-limit's on Express and
 // @fastify/rate-limit's on Fastify (their windows are named differently).
 // A hint never names an option that does not exist where it is read: an
@@ -12,16 +12,19 @@
 // createLimiter()'s options, and the core, which has no routes, is never
 // pointed at a route setting. Two of tollgate's own names collide with
 // express-rate-limit's: `limit` (a plan function here, a number there) and
-// `headers` (its old boolean); their checks add the hints below. The
+// `headers` (its old boolean); their checks add the hints below.
+// hono-rate-limiter takes express-rate-limit's names, so Hono's users are
+// answered as Express's are, with Hono's own handler and context. The
 // README's "Migrating from ..." sections hold the same tables.
 
-export type Adapter = 'fastify' | 'express' | 'core'
+export type Adapter = 'fastify' | 'express' | 'hono' | 'core'
 type Library = 'express-rate-limit' | '@fastify/rate-limit' | 'rate-limiter-flexible'
 
 /** The libraries an adapter's users likely come from, the likeliest first. */
 const ORDER: Readonly<Record<Adapter, readonly Library[]>> = {
   fastify: ['@fastify/rate-limit', 'express-rate-limit', 'rate-limiter-flexible'],
   express: ['express-rate-limit', 'rate-limiter-flexible', '@fastify/rate-limit'],
+  hono: ['express-rate-limit', 'rate-limiter-flexible', '@fastify/rate-limit'],
   core: ['rate-limiter-flexible', 'express-rate-limit', '@fastify/rate-limit']
 }
 
@@ -32,6 +35,7 @@ const INSTANCE = new Set(['redis', 'prefix', 'ipv6Subnet', 'breaker', 'denialCac
 const ELSEWHERE: Readonly<Record<Adapter, { instance: string, policy: string }>> = {
   fastify: { instance: "on the plugin's options", policy: "in a route's config.rateLimit or the plugin's options" },
   express: { instance: "in rateLimit()'s options", policy: 'in rateLimit() or limit()' },
+  hono: { instance: "in rateLimit()'s options", policy: 'in rateLimit() or limit()' },
   core: { instance: "in createLimiter()'s options", policy: 'in the policy given to consume() and peek()' }
 }
 
@@ -55,6 +59,7 @@ function bucketOf (at: Place, count: string, window: string): string {
 /** How a denial is answered instead of by an option of the limiter. */
 function answering (at: Place): string {
   if (at.adapter === 'express') return `${at.opt('handler')}, e.g. (req, res) => res.status(429).json({ message: '...' })`
+  if (at.adapter === 'hono') return `${at.opt('handler')}, e.g. (c) => c.json({ message: '...' }, 429)`
   if (at.adapter === 'fastify') return "Fastify's setErrorHandler (a denial is an error with code TOLLGATE_RATE_LIMITED and statusCode 429)"
   return 'nothing: the core answers no request; consume() returns a Decision (allowed: false when denied) for the app to answer'
 }
@@ -62,9 +67,9 @@ function answering (at: Place): string {
 /** Charging by outcome: `settle` returns the cost after the response (0: free). */
 function settling (at: Place, free: string): string {
   if (at.adapter === 'core') return `reserve() and settle(): settle with 0 when the ${free} request is to be free`
-  const [req, res] = at.adapter === 'fastify' ? ['request', 'reply'] : ['req', 'res']
-  const test = free === 'successful' ? `${res}.statusCode < 400 ? 0 : 1` : `${res}.statusCode >= 400 ? 0 : 1`
-  return `${at.opt('settle')}: (${req}, ${res}) => ${test} (charging by outcome: the cost after the response, 0 is free)`
+  const [args, status] = at.adapter === 'fastify' ? ['(request, reply)', 'reply.statusCode'] : at.adapter === 'hono' ? ['(c)', 'c.res.status'] : ['(req, res)', 'res.statusCode']
+  const test = free === 'successful' ? `${status} < 400 ? 0 : 1` : `${status} >= 400 ? 0 : 1`
+  return `${at.opt('settle')}: ${args} => ${test} (charging by outcome: the cost after the response, 0 is free)`
 }
 
 /** The rate-limit headers, which the core does not send. */
@@ -109,7 +114,7 @@ const EXPRESS_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>(
   ['keyGenerator', (at) => keyed(at)],
   ['requestPropertyName', (at) => at.adapter === 'core'
     ? 'nothing: consume() returns the Decision'
-    : `nothing: the decision is always on ${at.adapter === 'express' ? 'req' : 'request'}.rateLimit`],
+    : at.adapter === 'hono' ? "nothing: the decision is always c.get('rateLimit')" : `nothing: the decision is always on ${at.adapter === 'express' ? 'req' : 'request'}.rateLimit`],
   ['store', (at) => `${at.opt('redis')} (an ioredis Redis or Cluster client), or nothing for the in-process store`],
   ['validate', (at) => at.adapter === 'core'
     ? 'nothing: every option is checked when the limiter is created'

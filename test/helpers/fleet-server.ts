@@ -1,6 +1,7 @@
 // One app server of a fleet, in its own process: Fastify, the tollgate
 // plugin and its own ioredis client (Redis or Cluster), once per configured
-// store; or, with `framework: 'express'`, Express and tollgate/express. Started by test/helpers/fleet.ts with fork(); configured by the
+// store; or, with `framework: 'express'`, Express and tollgate/express; or,
+// with `framework: 'hono'`, Hono on @hono/node-server and tollgate/hono. Started by test/helpers/fleet.ts with fork(); configured by the
 // JSON in TOLLGATE_FLEET (a FleetServerConfig). Reports `{ port }` over IPC once it
 // listens, stops on the 'stop' message, and exits if its parent goes away.
 //
@@ -25,10 +26,13 @@
 
 import type { Server } from 'node:http'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { createAdaptorServer } from '@hono/node-server'
 import express from 'express'
 import Fastify from 'fastify'
+import { Hono } from 'hono'
 import { Cluster, Redis } from 'ioredis'
 import { rateLimit } from '../../lib/express.js'
+import { rateLimit as honoRateLimit, type RateLimitEnv } from '../../lib/hono.js'
 import tollgate from '../../lib/index.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
@@ -74,7 +78,7 @@ function client (store: FleetServerConfig['stores'][string]): RedisClient {
   return redis
 }
 
-const { port, close } = config.framework === 'express' ? await expressApp(config) : await fastifyApp(config)
+const { port, close } = config.framework === 'express' ? await expressApp(config) : config.framework === 'hono' ? await honoApp(config) : await fastifyApp(config)
 
 async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
   const app = Fastify()
@@ -168,6 +172,37 @@ async function expressApp (config: FleetServerConfig): Promise<{ port: number, c
   }
   app.get('/clock', (_req, res) => { res.json({ now: Date.now(), perf: performance.now() }) })
   const server: Server = await new Promise((resolve) => { const s = app.listen(0, '127.0.0.1', () => resolve(s)) })
+  const address = server.address()
+  return {
+    port: typeof address === 'object' && address !== null ? address.port : 0,
+    close: async () => {
+      server.closeAllConnections()
+      await new Promise((resolve) => server.close(resolve))
+      for (const limit of limits) await limit.close()
+    }
+  }
+}
+
+async function honoApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const app = new Hono<RateLimitEnv>()
+  const limits: Array<ReturnType<typeof honoRateLimit>> = []
+  for (const [label, store] of Object.entries(config.stores)) {
+    const limit = honoRateLimit({
+      redis: client(store),
+      prefix: config.prefix,
+      capacity: config.capacity,
+      refillPerSecond: config.refillPerSecond,
+      failureMode: config.failureMode,
+      timeout: config.timeout,
+      key: (c) => c.req.header('x-client') ?? 'fleet'
+    })
+    limits.push(limit)
+    await limit.ready
+    app.get(`/${label}/hit`, limit({ bucket: config.bucket }), (c) => c.json({ server: config.name, source: c.get('rateLimit')?.source }))
+  }
+  app.get('/clock', (c) => c.json({ now: Date.now(), perf: performance.now() }))
+  const server = createAdaptorServer({ fetch: app.fetch }) as Server
+  await new Promise<void>((resolve) => { server.listen(0, '127.0.0.1', () => { resolve() }) })
   const address = server.address()
   return {
     port: typeof address === 'object' && address !== null ? address.port : 0,

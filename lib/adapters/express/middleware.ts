@@ -48,21 +48,19 @@
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from '../../core/errors.js'
+import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './limits.js'
 import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
-import type { Core } from '../../core/limiter.js'
 import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
-import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
+import { PROBE_HOPS, STORE_CHECKS, adapterCore, trustsEveryHop } from '../../http/setup.js'
 import { takeReservation, type Pending } from '../../http/settle-route.js'
 import type { Tier } from '../../http/tiers.js'
-import { POLICY_CHECKS, checkDefaults, programmaticPolicies, type Defaults, type RouteLimit } from '../../http/route.js'
-import type { BreakerOptions, Decision, FailureMode, Limiter, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient, Reservation } from '../../core/types.js'
+import { POLICY_CHECKS, checkDefaults, type Defaults, type RouteLimit } from '../../http/route.js'
+import type { BreakerOptions, Decision, FailureMode, LocalPolicy, Lockout, Logger, MetricsOptions, RedisClient } from '../../core/types.js'
 
-export { APP_BUCKET, MAX_NAMES }
-
-const START_WAIT_MS = 2000
+export { APP_BUCKET, MAX_NAMES, RateLimitError }
 
 /**
  * A `cost` function. The functions of a policy are declared as methods, so
@@ -117,36 +115,6 @@ export interface ExpressPolicy {
   maxWaitMs?: number | undefined
 }
 
-/** The error a denied request carries to `handler` (and, from there, to `next`). */
-export class RateLimitError extends Error {
-  /** 429, or 503 when a limit with failureMode 'closed' cannot reach the store. */
-  readonly status: 429 | 503
-  readonly statusCode: 429 | 503
-  readonly code: Denial['code']
-  /** Safe to show the client (Express's error handler then sends `message`). */
-  readonly expose = true
-  /** Headers for Express's error handler: `Retry-After` (already set on the response too). */
-  readonly headers: { 'Retry-After': string }
-  /** Seconds until a retry may pass. */
-  readonly retryAfter: number
-  /** The decision, also on `req.rateLimit`. */
-  readonly decision: Decision
-  /** The JSON body tollgate sends when there is no handler. */
-  readonly body: string
-
-  constructor (denial: Denial, decision: Decision) {
-    super(denial.message)
-    this.name = 'RateLimitError'
-    this.status = denial.statusCode
-    this.statusCode = denial.statusCode
-    this.code = denial.code
-    this.headers = { 'Retry-After': String(denial.retryAfter) }
-    this.retryAfter = denial.retryAfter
-    this.decision = decision
-    this.body = denialBody(denial)
-  }
-}
-
 /**
  * Answers a denied request instead of tollgate: `(req, res, next, err) =>
  * next(err)` hands it to Express's error handler. It may be async: a
@@ -193,24 +161,11 @@ export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 
 }
 
 /** What `rateLimit()` returns: a function making middleware, itself the app-wide middleware, and the programmatic API. */
-export interface RateLimit {
+export interface RateLimit extends Programmatic<ExpressProgrammaticPolicy> {
   /** A middleware with this policy (merged over the options), or the options' own. */
   (policy?: ExpressPolicy | readonly ExpressPolicy[]): RequestHandler
   /** `app.use(limit)`: the whole app, one bucket per client, APP_BUCKET unless the options name a `bucket`. */
   (req: Request, res: Response, next: NextFunction): void
-  consume (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Decision>
-  peek (clientKey: string, policy: ExpressProgrammaticPolicy): Promise<Decision>
-  /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
-  reserve (clientKey: string, policy: ExpressProgrammaticPolicy, cost?: number): Promise<Reservation>
-  /** Settles a reservation once: refunds or charges the difference to the reserved cost. */
-  settle (reservation: Reservation, actual: number): Promise<void>
-  reset (clientKey: string, bucket: string): Promise<void>
-  /** Drops local state and timers; never closes the Redis client. */
-  close (): Promise<void>
-  /** Settles when the start-up wait is over (never rejects). */
-  readonly ready: Promise<void>
-  /** The core limiter behind the middleware. */
-  readonly limiter: Limiter
 }
 
 declare global {
@@ -224,17 +179,6 @@ declare global {
 
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, handler: isFunction, logger, warnings, outageSummaryMs }
 
-/** The default logger: the message, then what it is about, if anything. */
-const CONSOLE: Logger = {
-  warn: (obj, msg) => { console.warn(...logArgs(obj, msg)) },
-  info: (obj, msg) => { console.info(...logArgs(obj, msg)) },
-  error: (obj, msg) => { console.error(...logArgs(obj, msg)) }
-}
-
-function logArgs (obj: object, msg: string): unknown[] {
-  return Object.keys(obj).length === 0 ? [msg] : [msg, obj]
-}
-
 /** Creates the limiter of one Express app: validates `options` and returns `limit`. */
 export function rateLimit (options: ExpressOptions): RateLimit {
   const input: unknown = options
@@ -243,7 +187,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   checkDefaults(defaults, '')
   const log = options.logger ?? CONSOLE
   const core = adapterCore(options, log)
-  const ready = start(core, options.redis, log)
+  const ready = startUp(core, options.redis, log)
   const proxy = proxyWarnings(log, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
   const layer = new RequestLayer<Request>(core, options.ipv6Subnet ?? 56, {
     ip: (req) => req.ip,
@@ -258,21 +202,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   const { compile, appWide } = registry(defaults, patterns)
   const checks = checker(layer, ready, denier(options.handler))
   const limit = limitFunction(compile, appWide, checks.middleware)
-  const programmatic = programmaticPolicies(defaults, 'express')
-  const { limiter } = core
-  return Object.assign(limit, {
-    consume: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.consume(clientKey, programmatic(policy), spend),
-    peek: async (clientKey: string, policy: ExpressProgrammaticPolicy) => await limiter.peek(clientKey, programmatic(policy)),
-    reserve: async (clientKey: string, policy: ExpressProgrammaticPolicy, spend?: number) => await limiter.reserve(clientKey, programmatic(policy), spend),
-    settle: async (reservation: Reservation, actual: number) => { await limiter.settle(reservation, actual) },
-    reset: async (clientKey: string, bucket: string) => { await limiter.reset(clientKey, bucket) },
-    close: async () => {
-      checks.closing()
-      await limiter.close()
-    },
-    ready,
-    limiter
-  })
+  return Object.assign(limit, programmatic<ExpressProgrammaticPolicy>(core, defaults, 'express', ready, checks.closing))
 }
 
 type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) => RequestHandler) & RequestHandler
@@ -283,10 +213,11 @@ type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) =>
  * drop of a request already answered (see the top of this file).
  */
 function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
-  let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
+  const starting = startGate(ready)
   let closing = false
   function middleware (limitOf: LimitOf): RequestHandler {
     return function tollgate (req, res, next) {
+      const waiting = starting()
       if (waiting !== undefined) {
         void waiting.then(() => { check(limitOf, req, res, next) })
         return
@@ -359,15 +290,6 @@ function answered (res: Response): boolean {
   return res.headersSent || res.writableEnded || res.destroyed
 }
 
-/** The start-up wait: bounded, warns when Redis is not ready by then. */
-async function start (core: Core, redis: RedisClient | undefined, log: Logger): Promise<void> {
-  if (redis === undefined) {
-    log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
-  } else if (!await whenReady(core, redis, START_WAIT_MS)) {
-    notReady(core, redis, START_WAIT_MS)
-  }
-}
-
 function setHeader (res: Response, name: string, value: HeaderValue): void {
   res.setHeader(name, value)
 }
@@ -421,11 +343,5 @@ function proxyWarnings (log: Logger, proxy: boolean, trustAll: boolean): ((req: 
     if (header === undefined || req.app.get('trust proxy') !== false) return
     forwarding = false
     log.warn({ header, ip: req.ip }, `tollgate: a request carries ${header} but Express does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Express's 'trust proxy', or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
-  }
-}
-
-function logger (value: unknown, name: string): void {
-  if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
-    throw optionError(name, value, 'a logger with warn, info and error methods')
   }
 }

@@ -1,0 +1,120 @@
+// What a middleware adapter's `rateLimit()` instance has whatever the
+// framework (tollgate/express, tollgate/hono): its default logger and the
+// check of a given one, the start-up wait, the error a denied request
+// carries to the app's `handler`, and the programmatic API over its
+// options.
+//
+// Start-up. `rateLimit()` cannot be awaited, so the wait the Fastify
+// plugin does at registration (for the client to be ready and the scripts
+// loaded, bounded) starts there, and requests that arrive before it ends
+// wait for it (`startGate`).
+
+import { optionError } from '../core/errors.js'
+import type { Core } from '../core/limiter.js'
+import type { Adapter } from '../core/migrating.js'
+import { isRecord } from '../core/options.js'
+import { programmaticPolicies, type Defaults, type NamedPolicy } from './route.js'
+import { denialBody, type Denial } from './request.js'
+import { notReady, whenReady } from './setup.js'
+import type { Decision, Limiter, Logger, RedisClient, Reservation } from '../core/types.js'
+
+const START_WAIT_MS = 2000
+
+/** The default logger: the message, then what it is about, if anything. */
+export const CONSOLE: Logger = {
+  warn: (obj, msg) => { console.warn(...logArgs(obj, msg)) },
+  info: (obj, msg) => { console.info(...logArgs(obj, msg)) },
+  error: (obj, msg) => { console.error(...logArgs(obj, msg)) }
+}
+
+function logArgs (obj: object, msg: string): unknown[] {
+  return Object.keys(obj).length === 0 ? [msg] : [msg, obj]
+}
+
+/** `logger`: a pino-like logger. */
+export function logger (value: unknown, name: string): void {
+  if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
+    throw optionError(name, value, 'a logger with warn, info and error methods')
+  }
+}
+
+/** The start-up wait: bounded, warns when Redis is not ready by then; never rejects. */
+export async function startUp (core: Core, redis: RedisClient | undefined, log: Logger): Promise<void> {
+  if (redis === undefined) {
+    log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
+  } else if (!await whenReady(core, redis, START_WAIT_MS)) {
+    notReady(core, redis, START_WAIT_MS)
+  }
+}
+
+/** A promise to wait for while the start-up wait lasts; undefined once it is over (the common path costs no promise). */
+export function startGate (ready: Promise<void>): () => Promise<void> | undefined {
+  let waiting: Promise<void> | undefined = ready.then(() => { waiting = undefined })
+  return () => waiting
+}
+
+/** The error a denied request carries to the app's `handler`. */
+export class RateLimitError extends Error {
+  /** 429, or 503 when a limit with failureMode 'closed' cannot reach the store. */
+  readonly status: 429 | 503
+  readonly statusCode: 429 | 503
+  readonly code: Denial['code']
+  /** Safe to show the client (an error handler then sends `message`). */
+  readonly expose = true
+  /** Headers for the framework's error handler: `Retry-After` (already set on the response too). */
+  readonly headers: { 'Retry-After': string }
+  /** Seconds until a retry may pass. */
+  readonly retryAfter: number
+  /** The decision, also on the request. */
+  readonly decision: Decision
+  /** The JSON body tollgate sends when there is no handler. */
+  readonly body: string
+
+  constructor (denial: Denial, decision: Decision) {
+    super(denial.message)
+    this.name = 'RateLimitError'
+    this.status = denial.statusCode
+    this.statusCode = denial.statusCode
+    this.code = denial.code
+    this.headers = { 'Retry-After': String(denial.retryAfter) }
+    this.retryAfter = denial.retryAfter
+    this.decision = decision
+    this.body = denialBody(denial)
+  }
+}
+
+/** The programmatic API of an instance: `app.tollgate`'s, over its options. */
+export interface Programmatic<P extends NamedPolicy> {
+  consume (clientKey: string, policy: P, cost?: number): Promise<Decision>
+  peek (clientKey: string, policy: P): Promise<Decision>
+  /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
+  reserve (clientKey: string, policy: P, cost?: number): Promise<Reservation>
+  /** Settles a reservation once: refunds or charges the difference to the reserved cost. */
+  settle (reservation: Reservation, actual: number): Promise<void>
+  reset (clientKey: string, bucket: string): Promise<void>
+  /** Drops local state and timers, and ends every wait; never closes the Redis client. */
+  close (): Promise<void>
+  /** Settles when the start-up wait is over (never rejects). */
+  readonly ready: Promise<void>
+  /** The core limiter behind the middleware. */
+  readonly limiter: Limiter
+}
+
+/** The programmatic API over `defaults`; `closing` runs first on close (the adapter's shutdown). */
+export function programmatic<P extends NamedPolicy> (core: Core, defaults: Defaults, adapter: Adapter, ready: Promise<void>, closing: () => void): Programmatic<P> {
+  const policyOf = programmaticPolicies(defaults, adapter)
+  const { limiter } = core
+  return {
+    consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, policyOf(policy), spend),
+    peek: async (clientKey, policy) => await limiter.peek(clientKey, policyOf(policy)),
+    reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, policyOf(policy), spend),
+    settle: async (reservation, actual) => { await limiter.settle(reservation, actual) },
+    reset: async (clientKey, bucket) => { await limiter.reset(clientKey, bucket) },
+    close: async () => {
+      closing()
+      await limiter.close()
+    },
+    ready,
+    limiter
+  }
+}

@@ -1,0 +1,143 @@
+// The limits of one middleware adapter's instance (`rateLimit()` of
+// tollgate/express and tollgate/hono): each policy compiled once, and how
+// a request finds its own. The adapter says what a request's route is
+// (`Routes`); the rest is the same for every framework.
+//
+// Buckets. A policy that names its `bucket` (or whose options name one) is
+// compiled once, when `limit()` is called. Otherwise the bucket is named
+// after the route the middleware is declared on (`GET /users/:id`), found
+// by the adapter from the framework's own record of the declaration, never
+// from the URL, and kept per route object and method, so that a request
+// after the first one of its route costs two map reads. A client can make
+// no new name: the names of one middleware are its routes times the
+// methods they serve (only methods Node's HTTP parser knows), and past
+// MAX_NAMES, a declaration's matter, it refuses (a 500 asking for a
+// `bucket`). The app-wide middleware (`app.use(limit)`) is the options' own
+// policy, named APP_BUCKET unless the options name a `bucket`.
+//
+// One bucket, one policy: every policy an instance compiles is registered
+// by bucket name, and a second policy with the same bucket but another
+// capacity or rate is refused, at `limit()` time when the bucket is named
+// there, else on the first request (a 500 naming both). Two instances, or
+// another adapter, naming the same bucket are not seen: the bucket then
+// follows whichever capacity each call sends, as in Fastify.
+
+import { optionError } from '../core/errors.js'
+import { isRecord } from '../core/options.js'
+import type { Adapter } from '../core/migrating.js'
+import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, type Defaults, type Dialect, type RouteLimit } from './route.js'
+
+/** Distinct route names one middleware compiles before it refuses (see the top of this file). */
+export const MAX_NAMES = 1000
+/** The bucket of `app.use(limit)`, unless the options name one (see the top of this file). */
+export const APP_BUCKET = 'app'
+
+/** How a request finds its compiled limit. */
+export type LimitOf<Req> = (request: Req) => RouteLimit<Req>
+
+/** What a middleware adapter tells the registry about a request's route. */
+export interface Routes<Req> {
+  /** The object the framework keeps for the route this middleware is declared on; throws (badInput) outside a route. */
+  route(request: Req): object
+  /** The request's method. */
+  method(request: Req): string
+  /** The route's bucket name for this request's method (`GET /users/:id`); asked once per route and method. */
+  name(request: Req, route: object): string
+}
+
+/** The dialect of the middleware adapters: their options are set in rateLimit() or limit(). */
+export function middlewareDialect (adapter: Adapter): Dialect {
+  return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()', adapter }
+}
+
+/**
+ * `limit(policy)` for one instance: checks the policy at once, and returns
+ * how a request finds its compiled limit; `appWide` compiles the limit of
+ * `app.use(limit)`. Every compiled policy is registered by bucket (see the
+ * top of this file).
+ */
+export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect: Dialect): {
+  compile: (config: unknown) => LimitOf<Req>
+  appWide: () => RouteLimit<Req>
+} {
+  const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
+  function register (limit: RouteLimit<Req>): RouteLimit<Req> {
+    for (const p of limit.policies) {
+      const seen = buckets.get(p.bucket)
+      if (seen === undefined) buckets.set(p.bucket, { capacity: p.capacity, refillPerSecond: p.refillPerSecond, where: limit.name })
+      else if (seen.capacity !== p.capacity || seen.refillPerSecond !== p.refillPerSecond) {
+        throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
+      }
+    }
+    return limit
+  }
+  function compile (config: unknown): LimitOf<Req> {
+    if (config !== undefined && !isPlainObject(config) && !Array.isArray(config)) {
+      throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing (to limit the whole app per client, pass the limiter itself: `app.use(limit)`)')
+    }
+    const named = namedBucket(config, defaults)
+    if (named !== undefined) {
+      const limit = register(compileRoute<Req>(named, config, defaults, dialect, 'limit(): ', 'limit()'))
+      return () => limit
+    }
+    // Checked now, under a stand-in name, so that a mistake fails at start-up.
+    compileRoute('limit()', config, defaults, dialect, 'limit(): ', 'limit()')
+    return routeLimits(config)
+  }
+  /**
+   * A route's limit: per route object, then per method (a route of several
+   * methods serves each), a map read after the first request; a new name is
+   * compiled and registered once.
+   */
+  function routeLimits (config: unknown): LimitOf<Req> {
+    const byName = new Map<string, RouteLimit<Req>>()
+    const byRoute = new WeakMap<object, Map<string, RouteLimit<Req>>>()
+    return (request) => {
+      const route = routes.route(request)
+      let methods = byRoute.get(route)
+      if (methods === undefined) {
+        methods = new Map()
+        byRoute.set(route, methods)
+      }
+      const method = routes.method(request)
+      let limit = methods.get(method)
+      if (limit === undefined) {
+        const name = routes.name(request, route)
+        limit = byName.get(name)
+        if (limit === undefined) {
+          if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() serves ${MAX_NAMES} routes and methods already: give it a \`bucket\``)
+          limit = register(compileRoute(name, config, defaults, dialect, `limit() of ${name}: `))
+          byName.set(name, limit)
+        }
+        methods.set(method, limit)
+      }
+      return limit
+    }
+  }
+  const appWide = (): RouteLimit<Req> => register(compileRoute(APP_BUCKET, undefined, defaults, dialect, 'app.use(limit): ', 'app.use(limit)'))
+  return { compile, appWide }
+}
+
+/** An object literal (a request, a class instance are not policies). */
+function isPlainObject (value: unknown): boolean {
+  if (!isRecord(value)) return false
+  const proto: unknown = Object.getPrototypeOf(value)
+  return proto === Object.prototype || proto === null
+}
+
+/** The bucket a policy names for itself (the first policy's, or the options'), if any. */
+function namedBucket (config: unknown, defaults: Defaults): string | undefined {
+  const first: unknown = Array.isArray(config) ? config[0] : config
+  return (isRecord(first) ? first.bucket as string | undefined : undefined) ?? defaults.bucket as string | undefined
+}
+
+/** A 500 for the framework's error handling: a `key` or `cost` that failed, a bucket that cannot be named. */
+export function badInput (message: string): Error {
+  const err = new Error(message)
+  Object.defineProperties(err, {
+    code: { value: 'TOLLGATE_BAD_INPUT', enumerable: true },
+    status: { value: 500, enumerable: true },
+    statusCode: { value: 500, enumerable: true }
+  })
+  return err
+}
