@@ -1,5 +1,6 @@
 import { describe, optionError } from './errors.js'
 import { limitValueHint, migrationHint, type Adapter } from './migrating.js'
+import { ACCEPTED_CLIENTS, clientFamily, describeClient } from '../store/clients/index.js'
 import type { BreakerOptions, FailureMode, LocalPolicy, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
@@ -113,9 +114,10 @@ export function ipv6Subnet (value: unknown, name: string): void {
 }
 
 export function redisClient (value: unknown, name: string): asserts value is RedisClient {
-  if (!isRecord(value) || typeof value.evalsha !== 'function' || typeof value.status !== 'string') {
-    throw optionError(name, value, 'an ioredis Redis or Cluster client')
-  }
+  if (clientFamily(value) !== undefined) return
+  const err = optionError(name, value, ACCEPTED_CLIENTS)
+  err.message = `tollgate: \`${name}\` must be ${ACCEPTED_CLIENTS}, got ${describeClient(value, describe)}`
+  throw err
 }
 
 export function cost (value: unknown, name: string): void {
