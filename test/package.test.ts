@@ -269,7 +269,7 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', 'express', 'fastify', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@opentelemetry/api', '@valkey/valkey-glide', 'express', 'fastify', 'ioredis', 'iovalkey', 'redis'])
 })
 
 t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {

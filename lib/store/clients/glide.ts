@@ -49,7 +49,8 @@ function redisError (err: unknown): unknown {
 
 const POLL_MS = 1000
 
-export function glideClient (client: Glide): StoreClient {
+export function glideClient (user: object): StoreClient {
+  const client = user as Glide
   const cluster = isCluster(client)
   const send = (key: string | undefined, args: string[]): Promise<unknown> => {
     const call = cluster && key !== undefined ? client.customCommand(args, { route: { type: 'primarySlotKey', key } }) : client.customCommand(args)

@@ -51,10 +51,10 @@ export function storeClient (client: RedisClient): StoreClient {
   if (known !== undefined) return known
   const family = clientFamily(client)
   const adapter = family === 'ioredis'
-    ? ioredisClient(client as never)
+    ? ioredisClient(client)
     : family === 'node-redis'
-      ? nodeRedisClient(client as never)
-      : family === 'glide' ? glideClient(client as never) : undefined
+      ? nodeRedisClient(client)
+      : family === 'glide' ? glideClient(client) : undefined
   if (adapter === undefined) throw new TypeError(`tollgate: \`redis\` must be ${ACCEPTED_CLIENTS}`)
   adapters.set(client, adapter)
   return adapter

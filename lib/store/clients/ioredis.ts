@@ -47,7 +47,8 @@ function subscriberOptions (name: string): Partial<RedisOptions> {
   }
 }
 
-export function ioredisClient (client: Client): StoreClient {
+export function ioredisClient (user: object): StoreClient {
+  const client = user as Client
   return {
     family: 'ioredis',
     target: target(client),

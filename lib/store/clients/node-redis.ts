@@ -62,7 +62,8 @@ function strings (args: ReadonlyArray<string | number>): string[] {
   return out
 }
 
-export function nodeRedisClient (client: NodeRedis): StoreClient {
+export function nodeRedisClient (user: object): StoreClient {
+  const client = user as NodeRedis
   // A client that ended is not connected again: it was closed by the app.
   let ended = false
   const cluster = isCluster(client) ? client : undefined
