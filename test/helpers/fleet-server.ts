@@ -29,7 +29,8 @@ import express from 'express'
 import Fastify from 'fastify'
 import { Cluster, Redis } from 'ioredis'
 import { rateLimit } from '../../lib/express.js'
-import tollgate from '../../lib/index.js'
+import tollgate, { type RedisClient as TollgateClient } from '../../lib/index.js'
+import { families, type Family, type Made } from './clients.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
 import { trustAppClock } from './naive.js'
@@ -64,7 +65,16 @@ function shiftClock (ms: number): void {
 }
 
 const clients: RedisClient[] = []
-function client (store: FleetServerConfig['stores'][string]): RedisClient {
+const others: Made[] = []
+/** The store's client: ioredis unless `family` names one of test/helpers/clients.ts. */
+async function client (store: FleetServerConfig['stores'][string]): Promise<TollgateClient> {
+  if (store.family !== undefined) {
+    const family = families.find((f) => f.label === store.family)
+    if (family === undefined) throw new Error(`no client family ${store.family}`)
+    const made = store.cluster === undefined ? await family.standalone(store.url ?? '') : await (family.cluster as NonNullable<Family['cluster']>)(store.cluster)
+    others.push(made)
+    return made.client
+  }
   const redis: RedisClient = store.cluster === undefined
     ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
     : new Cluster(store.cluster, store.clusterOptions ?? {})
@@ -80,7 +90,7 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
   const app = Fastify()
   let settled = 0
   for (const [label, store] of Object.entries(config.stores)) {
-    const redis = client(store)
+    const redis = await client(store)
     await app.register(async (scope) => {
       await scope.register(tollgate, {
         redis,
@@ -149,7 +159,7 @@ async function expressApp (config: FleetServerConfig): Promise<{ port: number, c
   const limits: Array<ReturnType<typeof rateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
     const limit = rateLimit({
-      redis: client(store),
+      redis: await client(store),
       prefix: config.prefix,
       capacity: config.capacity,
       refillPerSecond: config.refillPerSecond,
@@ -184,6 +194,7 @@ function stop (): Promise<void> {
   stopping ??= (async () => {
     await close()
     for (const redis of clients) redis.disconnect()
+    for (const made of others) await made.close()
     process.disconnect?.()
   })()
   return stopping
