@@ -216,7 +216,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', ioredis: `^${newest}`, redis: '^6', iovalkey: '^0.4', '@valkey/valkey-glide': '^2', '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
