@@ -8,12 +8,16 @@
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress, socketAddress, urlAddress } from './address.js'
 
+interface Options { url?: string, socket?: Record<string, unknown>, rootNodes?: unknown[] }
+
 /** The members of a node-redis client (or Cluster) used here. */
 interface NodeRedis {
   readonly isOpen: boolean
   /** Not on node-redis 5's Cluster: open, and its slots known, is ready there (its 'connect' event). */
   readonly isReady?: boolean
-  readonly options?: { url?: string, socket?: Record<string, unknown>, rootNodes?: unknown[] } | undefined
+  readonly options?: Options | undefined
+  /** A Cluster's options (it has no `options`). */
+  readonly _options?: Options | undefined
   connect (): Promise<unknown>
   on (event: string, listener: (...args: unknown[]) => void): unknown
   off (event: string, listener: (...args: unknown[]) => void): unknown
@@ -43,7 +47,7 @@ function isCluster (client: NodeRedis): client is Cluster {
 }
 
 function target (client: NodeRedis): string {
-  const options = client.options ?? {}
+  const options = client.options ?? client._options ?? {}
   if (isCluster(client)) return `cluster seeds ${(options.rootNodes ?? []).map((node) => seedAddress(node, 'node-redis')).join(', ')}`
   if (typeof options.url === 'string' && options.socket?.path === undefined) return urlAddress(options.url, 'node-redis')
   return socketAddress(options.socket)
