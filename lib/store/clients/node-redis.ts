@@ -30,12 +30,23 @@ interface Standalone extends NodeRedis {
   sendCommand (args: readonly string[]): Promise<unknown>
 }
 
+/** A node of a Cluster's slot map, with its client once connected. */
+interface Node {
+  readonly address: string
+  readonly client?: Standalone | undefined
+}
+
 interface Cluster extends NodeRedis {
   sendCommand (firstKey: string | undefined, isReadonly: boolean, args: readonly string[]): Promise<unknown>
-  readonly masters: readonly unknown[]
+  readonly masters: readonly Node[]
+  readonly replicas?: readonly Node[]
   nodeClient (node: unknown): Promise<Standalone>
-  readonly _slots?: { rediscover?: () => Promise<void> }
+  /** Not in node-redis's documented API: the slot map, rediscovered from a given node, skipping some. */
+  readonly _slots?: { rediscover?: (startWith?: Standalone, excluded?: ReadonlySet<string>) => Promise<void> }
 }
+
+/** How long a node has to answer PING to count as alive, before a rediscovery, ms. */
+const PROBE_MS = 500
 
 /** A node-redis client or Cluster: `isOpen`, `sendCommand` and `duplicate`. */
 export function isNodeRedis (value: Record<string, unknown>): boolean {
@@ -77,6 +88,7 @@ export function nodeRedisClient (user: object): StoreClient {
   const ready = client.isReady === undefined
     ? () => client.isOpen && (cluster?.masters.length ?? 0) > 0
     : () => client.isReady === true
+  let refreshing = false
   const send = cluster === undefined
     ? (_key: string | undefined, args: string[]): Promise<unknown> => (client as Standalone).sendCommand(args)
     : (key: string | undefined, args: string[]): Promise<unknown> => cluster.sendCommand(key, false, args)
@@ -117,9 +129,39 @@ export function nodeRedisClient (user: object): StoreClient {
     publish: (channel, message) => send(undefined, ['PUBLISH', channel, message]),
     subscribe: (channel, name, events) => subscribe(client, channel, name, events),
     refresh () {
-      cluster?._slots?.rediscover?.().catch(() => {})
+      if (cluster === undefined || refreshing) return
+      refreshing = true
+      rediscover(cluster).catch(() => {}).finally(() => { refreshing = false })
     }
   }
+}
+
+/** True when `client` answers PING within `ms`. */
+async function answers (client: Standalone, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(false), ms).unref() })
+  const ok = await Promise.race([client.sendCommand(['PING']).then(() => true, () => false), late])
+  clearTimeout(timer)
+  return ok
+}
+
+/**
+ * A Cluster's slot map, read again from a node that answers. node-redis
+ * rediscovers by itself on MOVED and on a closed connection, but a master
+ * that hangs (its socket open, nothing answered) sends neither: the slot
+ * stays with it after its replica took over. And a rediscovery that asks
+ * the hung node first waits for ever (later ones join it): so the nodes
+ * are asked for a PING first, and the rediscovery starts from one that
+ * answered, skipping those that did not.
+ */
+async function rediscover (cluster: Cluster): Promise<void> {
+  const slots = cluster._slots
+  if (slots?.rediscover === undefined) return
+  const nodes = [...cluster.masters, ...(cluster.replicas ?? [])].filter((node) => node.client?.isReady === true)
+  const alive = await Promise.all(nodes.map((node) => answers(node.client as Standalone, PROBE_MS)))
+  const from = nodes.find((_, i) => alive[i])
+  if (from === undefined) return
+  await slots.rediscover(from.client, new Set(nodes.filter((_, i) => !alive[i]).map((node) => node.address)))
 }
 
 /**
