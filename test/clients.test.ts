@@ -6,12 +6,17 @@
 // admit exactly 50; a frozen Redis (SIGSTOP) and a killed one follow the
 // failure mode within the deadline, and decisions come back to Redis when
 // it does; a reset made through one client reaches another's cached denial
-// over pub/sub.
+// over pub/sub, and the subscriber comes back after a restart; the Express
+// adapter's first request waits for the client too.
 
+import { once } from 'node:events'
+import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
+import express from 'express'
 import Fastify from 'fastify'
 import t from 'tap'
 import tollgate, { createLimiter, type Limiter, type Policy } from '../lib/index.js'
+import { rateLimit } from '../lib/express.js'
 import { uniquePrefix } from './helpers/app.js'
 import { families, type Family, type Made } from './helpers/clients.js'
 import { redisCommand, startRedisServer, type TeardownTarget } from './helpers/redis.js'
@@ -98,7 +103,8 @@ for (const family of families) {
       const own = await startRedisServer()
       t.teardown(() => own.stop())
       const { client } = await made(t, family, own.url)
-      const limiter = createLimiter({ redis: client, prefix: uniquePrefix(), timeout: 50, breaker: { failures: 3, cooldownMs: 200 } })
+      const prefix = uniquePrefix()
+      const limiter = createLimiter({ redis: client, prefix, timeout: 50, breaker: { failures: 3, cooldownMs: 200 } })
       t.teardown(() => limiter.close())
       const open: Policy = { bucket: 'f', capacity: 100, refillPerSecond: 1, failureMode: 'open' }
       const closed: Policy = { bucket: 'g', capacity: 100, refillPerSecond: 1, failureMode: 'closed' }
@@ -127,6 +133,26 @@ for (const family of families) {
       await own.restart()
       t.ok(await until(20_000, async () => (await limiter.consume('c', open)).source === 'store'), 'after a restart (an empty script cache): the client reconnected and Redis decides')
       t.equal(limiter.state, 'healthy')
+      t.ok(await until(10_000, async () => {
+        const [, count] = await redisCommand({ host: own.host, port: own.port }, ['PUBSUB', 'NUMSUB', `${prefix}:changes`]) as [string, number]
+        return count === 1
+      }), 'the subscriber of resets and refunds is back on the restarted server')
+    })
+
+    t.test('tollgate/express: the first request waits for the client and is decided by Redis', async (t) => {
+      const { client } = await made(t, family, server.url, false)
+      const limit = rateLimit({ redis: client, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 1000 })
+      t.teardown(() => limit.close())
+      const app = express()
+      app.get('/', limit(), (req, res) => { res.json({ source: req.rateLimit?.source }) })
+      const listening = app.listen(0, '127.0.0.1')
+      await once(listening, 'listening')
+      t.teardown(() => { listening.close() })
+      const { port } = listening.address() as AddressInfo
+      const first = await fetch(`http://127.0.0.1:${port}/`)
+      t.equal(first.status, 200)
+      t.same(await first.json(), { source: 'store' })
+      t.equal((await fetch(`http://127.0.0.1:${port}/`)).status, 429, 'the second of a bucket of 1 is denied')
     })
 
     t.test('a reset through one client reaches the cached denial of another, over pub/sub', async (t) => {

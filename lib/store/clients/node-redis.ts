@@ -180,8 +180,10 @@ function subscribe (client: NodeRedis, channel: string, name: string, events: Su
   void open().then(async (sub) => {
     conn = sub
     if (closed) return destroy(sub)
-    // Its failures are the store's, and show on the app's client and in the guard.
-    sub.on('error', () => {})
+    // Its failures are the store's, and show on the app's client and in the
+    // guard. Without reconnection, a lost connection is told by an error
+    // after which the client is no longer open (node-redis emits no 'end').
+    sub.on('error', () => { if (!sub.isOpen) end() })
     sub.on('end', end)
     await sub.connect()
     try {
