@@ -18,6 +18,7 @@ import t from 'tap'
 import tollgate, { createLimiter, type Limiter, type Policy } from '../lib/index.js'
 import { rateLimit } from '../lib/express.js'
 import { uniquePrefix } from './helpers/app.js'
+import { GlideClient } from '@valkey/valkey-glide'
 import { families, type Family, type Made } from './helpers/clients.js'
 import { redisCommand, startRedisServer, type TeardownTarget } from './helpers/redis.js'
 
@@ -177,3 +178,17 @@ for (const family of families) {
     })
   })
 }
+
+t.test('GLIDE with lazyConnect (no connection until its first command): decided by Redis from the first request', async (t) => {
+  const server = await startRedisServer()
+  t.teardown(() => server.stop())
+  const client = await GlideClient.createClient({ addresses: [{ host: server.host, port: server.port }], lazyConnect: true, requestTimeout: 1000 })
+  t.teardown(() => client.close())
+  const app = Fastify()
+  t.teardown(() => app.close())
+  await app.register(tollgate, { redis: client, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 1000 })
+  app.get('/', async (request) => request.rateLimit)
+  const first = await app.inject('/')
+  t.equal(first.json().source, 'store')
+  t.equal((await app.inject('/')).statusCode, 429)
+})
