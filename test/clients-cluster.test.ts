@@ -1,5 +1,5 @@
 // The Cluster client of every family besides ioredis (test/cluster.test.ts),
-// on one real local Redis Cluster of 3 masters: node-redis 6 and 5
+// on one real local Redis Cluster of 3 masters: node-redis 6, 5 and 4
 // `createCluster()`, iovalkey's `Cluster` and GLIDE's `GlideClusterClient`.
 // For each: the start-up loads the scripts on every master; buckets of many
 // clients land on every master, each call routed to its key's slot; 400

@@ -1,5 +1,5 @@
 // A mixed fleet: one app server process per client family (ioredis,
-// node-redis 6 and 5, iovalkey, GLIDE), all on one bucket, once on one
+// node-redis 6, 5 and 4, iovalkey, GLIDE), all on one bucket, once on one
 // Redis and once on a 3-master Cluster. Under concurrent load over every
 // server, the bucket admits exactly its capacity: the families send the
 // same script with the same arguments, so one bucket is one bucket

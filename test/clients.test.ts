@@ -1,6 +1,6 @@
 // Every client family tollgate takes besides ioredis (test/ioredis-majors.test.ts),
 // each on a redis-server of its own: node-redis 6 (RESP3, and RESP2 on
-// database 3), node-redis 5, iovalkey and GLIDE. For each: the plugin's
+// database 3), node-redis 5, node-redis 4 (with isolationPoolOptions), iovalkey and GLIDE. For each: the plugin's
 // start-up wait connects a client nobody connected, every script runs and
 // a SCRIPT FLUSH is recovered; 400 concurrent consumes on a bucket of 50
 // admit exactly 50; a frozen Redis (SIGSTOP) and a killed one follow the

@@ -231,7 +231,7 @@ const HINTS: Record<string, Hint> = {
   insuranceLimiter: { value: {}, from: RLF, all: /use `failureMode`: 'local' with `local`: \{ capacity, refillPerSecond \}/ },
   storeClient: { value: {}, from: RLF, all: /use `redis` \(an ioredis, iovalkey, node-redis or GLIDE client\)/ },
   useRedisPackage: { value: true, from: RLF, all: /pass the node-redis client itself; tollgate tells the client family from the object/ },
-  useRedis3AndLowerPackage: { value: true, from: RLF, all: /a node-redis 5 or 6 client \(node-redis 3 is not supported\)/ },
+  useRedis3AndLowerPackage: { value: true, from: RLF, all: /a node-redis 4, 5 or 6 client \(node-redis 3 is not supported\)/ },
   rejectIfRedisNotReady: { value: true, from: RLF, all: /use `failureMode`: a client that is not ready is a store failure/ },
   storeType: { value: 'redis', from: RLF, all: REDIS },
   keyPrefix: { value: 'rlflx', from: RLF, all: /use `prefix`/ },

@@ -17,7 +17,7 @@ export interface IoredisClient {
   off (event: 'ready', listener: () => void): unknown
 }
 
-/** A node-redis (5 or 6) client: `createClient()` or `createCluster()` (node-redis 5's Cluster has no `isReady`). */
+/** A node-redis (4, 5 or 6) client: `createClient()` or `createCluster()` (node-redis 5's Cluster has no `isReady`). */
 export interface NodeRedisClient {
   readonly isOpen: boolean
   readonly isReady?: boolean

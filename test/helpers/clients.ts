@@ -5,6 +5,7 @@
 
 import { readFile } from 'node:fs/promises'
 import { createClient, createCluster } from 'redis'
+import * as redis4 from 'redis4'
 import * as redis5 from 'redis5'
 import { Cluster as ValkeyCluster, Redis as Valkey } from 'iovalkey'
 import { Cluster as IoCluster, Redis as IoRedis } from 'ioredis'
@@ -89,6 +90,19 @@ export const families: Family[] = [
       const client = quiet(redis5.createCluster({ rootNodes: nodes.map((n) => ({ socket: n })) }))
       await client.connect()
       return { client, connect: async () => {}, close: nodeRedisClose(client) }
+    }
+  },
+  {
+    label: 'node-redis 4, isolationPoolOptions',
+    version: await version('redis4'),
+    async standalone (url) {
+      const client = quiet(redis4.createClient({ url, isolationPoolOptions: { min: 1, max: 4 }, socket: { reconnectStrategy: reconnect } }))
+      return { client, connect: async () => { await client.connect() }, close: async () => { await client.disconnect().catch(() => {}) } }
+    },
+    async cluster (nodes) {
+      const client = quiet(redis4.createCluster({ rootNodes: nodes.map((n) => ({ socket: n })) }))
+      await client.connect()
+      return { client, connect: async () => {}, close: async () => { await client.disconnect().catch(() => {}) } }
     }
   },
   {

@@ -1,4 +1,4 @@
-// node-redis 5 and 6 (`redis`, `@redis/client`): `createClient()` and
+// node-redis 4, 5 and 6 (`redis`, `@redis/client`): `createClient()` and
 // `createCluster()`, RESP2 or RESP3, any `database`, as a StoreClient.
 // Everything goes through `sendCommand`, the client's raw command path
 // (no command parser, no reply transform): a Lua integer comes back a
@@ -22,7 +22,9 @@ interface NodeRedis {
   on (event: string, listener: (...args: unknown[]) => void): unknown
   off (event: string, listener: (...args: unknown[]) => void): unknown
   duplicate (overrides?: Record<string, unknown>): NodeRedis
-  destroy (): void
+  /** node-redis 5 and 6; node-redis 4 has `disconnect` only. */
+  destroy? (): void
+  disconnect? (): Promise<void>
   subscribe (channel: string, listener: (message: string) => void): Promise<void>
 }
 
@@ -59,15 +61,20 @@ function isCluster (client: NodeRedis): client is Cluster {
 
 function target (client: NodeRedis): string {
   const options = client.options ?? client._options ?? {}
-  if (isCluster(client)) return `cluster seeds ${(options.rootNodes ?? []).map((node) => seedAddress(node, 'node-redis')).join(', ')}`
+  if (isCluster(client)) {
+    // node-redis 4 keeps a Cluster's options private: its seeds are not known here.
+    const seeds = options.rootNodes ?? []
+    return seeds.length === 0 ? 'a node-redis cluster' : `cluster seeds ${seeds.map((node) => seedAddress(node, 'node-redis')).join(', ')}`
+  }
   if (typeof options.url === 'string' && options.socket?.path === undefined) return urlAddress(options.url, 'node-redis')
   return socketAddress(options.socket)
 }
 
-/** Closes a connection of ours, whatever its state (node-redis 5 throws on a closed one). */
+/** Closes a connection of ours at once, whatever its state (node-redis 5 throws on a closed one). */
 function destroy (conn: NodeRedis | undefined): void {
   try {
-    conn?.destroy()
+    if (conn?.destroy !== undefined) conn.destroy()
+    else conn?.disconnect?.().catch(() => {})
   } catch {}
 }
 
