@@ -17,10 +17,12 @@
 // TIMEOUT (the limiter's deadline, ms, default 1000: every measured
 // decision is Redis's; the sources printed show it).
 
+import { readFile } from 'node:fs/promises'
 import { GlideClient } from '@valkey/valkey-glide'
 import { Redis as IoRedis } from 'ioredis'
 import { Redis as Valkey } from 'iovalkey'
 import { createClient } from 'redis'
+import * as redis4 from 'redis4'
 import * as redis5 from 'redis5'
 import { createLimiter } from '../dist/index.js'
 import { startRedis } from './redis.mjs'
@@ -42,6 +44,7 @@ const makers = [
   ['node-redis 6 (RESP3)', async () => { const c = createClient({ url, RESP: 3 }); await c.connect(); return { client: c, close: () => c.destroy() } }],
   ['node-redis 6 (RESP2)', async () => { const c = createClient({ url, RESP: 2 }); await c.connect(); return { client: c, close: () => c.destroy() } }],
   ['node-redis 5', async () => { const c = redis5.createClient({ url }); await c.connect(); return { client: c, close: () => c.destroy() } }],
+  ['node-redis 4', async () => { const c = redis4.createClient({ url }); await c.connect(); return { client: c, close: () => { c.disconnect().catch(() => {}) } } }],
   ['GLIDE', async () => { const c = await GlideClient.createClient({ addresses: [{ host: server.host, port: server.port }] }); return { client: c, close: () => c.close() } }]
 ]
 
@@ -86,9 +89,11 @@ try {
     ioredis: (await import('ioredis/package.json', { with: { type: 'json' } })).default.version,
     iovalkey: (await import('iovalkey/package.json', { with: { type: 'json' } })).default.version,
     redis: (await import('redis/package.json', { with: { type: 'json' } })).default.version,
-    redis5: (await import('redis5/package.json', { with: { type: 'json' } })).default.version
+    redis5: (await import('redis5/package.json', { with: { type: 'json' } })).default.version,
+    redis4: (await import('redis4/package.json', { with: { type: 'json' } })).default.version,
+    glide: JSON.parse(await readFile(new URL('../node_modules/@valkey/valkey-glide/package.json', import.meta.url), 'utf8')).version
   }
-  process.stdout.write(`Node ${process.version}; ${ROUNDS} rounds of ${CALLS} consumes per client, ${CONCURRENCY} in flight; ioredis ${versions.ioredis}, iovalkey ${versions.iovalkey}, redis ${versions.redis} and ${versions.redis5}\n\n`)
+  process.stdout.write(`Node ${process.version}; ${ROUNDS} rounds of ${CALLS} consumes per client, ${CONCURRENCY} in flight; ioredis ${versions.ioredis}, iovalkey ${versions.iovalkey}, redis ${versions.redis}, ${versions.redis5} and ${versions.redis4}, @valkey/valkey-glide ${versions.glide}\n\n`)
   process.stdout.write('| client | app CPU µs per decision (median) | rounds | Redis calls per decision (EVALSHA/EVAL) | Redis commands per decision, the script\'s own included | sources |\n| --- | ---: | --- | ---: | ---: | --- |\n')
   for (const b of builds) {
     process.stdout.write(`| ${b.label} | ${median(b.perCall).toFixed(2)} | ${b.perCall.map((x) => x.toFixed(1)).join(' ')} | ${(b.scriptCalls / b.decisions).toFixed(3)} | ${(b.calls / b.decisions).toFixed(3)} | ${JSON.stringify(b.sources)} |\n`)
