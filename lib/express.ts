@@ -5,5 +5,5 @@ export { StoreError } from './core/errors.js'
 export type { Tier } from './http/tiers.js'
 export type {
   BreakerOptions, Decision, DecisionSource, FailureMode, Limiter, LimiterOptions, LocalPolicy, Lockout, Logger, MetricsMeter, MetricsOptions,
-  Policy, RedisClient, Reservation
+  Policy, IoredisClient, NodeRedisClient, RedisClient, ValkeyGlideClient, Reservation
 } from './core/types.js'

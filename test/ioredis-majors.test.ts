@@ -9,13 +9,13 @@ import Fastify from 'fastify'
 import * as ioredis5 from 'ioredis'
 import * as ioredis6 from 'ioredis6'
 import t from 'tap'
-import tollgate, { createLimiter, type Policy, type RedisClient } from '../lib/index.js'
+import tollgate, { createLimiter, type IoredisClient, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import { redisCommand, redisUrl } from './helpers/redis.js'
 
 /** What these tests do with a client, whichever major made it. */
-interface Client extends RedisClient {
+interface Client extends IoredisClient {
   disconnect (): void
   once (event: 'ready', listener: () => void): unknown
 }

@@ -7,11 +7,15 @@
 import t from 'tap'
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
+import { createClientPool, createSentinel } from 'redis'
 import tollgate, { createLimiter, type Policy, type TollgateOptions } from '../lib/index.js'
 import { buildApp, captureLogs, keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { infoField, redisCommand, redisUrl, startRedisServer } from './helpers/redis.js'
 
 await redisUrl(t)
+
+/** Every accepted client family, as the message lists them. */
+const ACCEPTED = 'an ioredis or iovalkey Redis or Cluster, a node-redis createClient() or createCluster() client, or a GLIDE GlideClient or GlideClusterClient'
 
 type TapTest = Parameters<Parameters<typeof t.test>[0]>[0]
 
@@ -137,7 +141,10 @@ t.test('invalid plugin options', async (t) => {
     ['hook unknown', { ...base, hook: 'preValidation' }, { name: 'hook', got: '"preValidation"', expect: /one of ["']onRequest["'], ["']preHandler["']/ }],
     ['hook lower case', { ...base, hook: 'onrequest' }, { name: 'hook', got: '"onrequest"' }],
     ['redis a URL', { ...base, redis: 'redis://127.0.0.1:6379' }, { name: 'redis', got: '"redis://127.0.0.1:6379"', expect: 'ioredis' }],
-    ['redis a plain object', { ...base, redis: { host: '127.0.0.1' } }, { name: 'redis', got: '{"host":"127.0.0.1"}' }],
+    ['redis a plain object', { ...base, redis: { host: '127.0.0.1' } }, { name: 'redis', got: '{"host":"127.0.0.1"}', expect: ACCEPTED }],
+    ['redis a node-redis pool', { ...base, redis: createClientPool() }, { name: 'redis', got: 'a node-redis createClientPool() pool', expect: ACCEPTED }],
+    ['redis a node-redis sentinel', { ...base, redis: createSentinel({ name: 'm', sentinelRootNodes: [{ host: '127.0.0.1', port: 1 }] }) }, { name: 'redis', got: 'a node-redis createSentinel() client', expect: ACCEPTED }],
+    ['redis an object of another class', { ...base, redis: new URL('redis://127.0.0.1:6379') }, { name: 'redis', got: 'an instance of URL', expect: ACCEPTED }],
     ['redis null', { ...base, redis: null }, { name: 'redis', got: 'null' }],
     ['global a string', { ...base, global: 'yes' }, { name: 'global', got: '"yes"', expect: 'true or false' }],
     ['global a number', { ...base, global: 1 }, { name: 'global', got: '1' }],

@@ -23,9 +23,12 @@ import tollgate, { createLimiter, type Policy } from '../lib/index.js'
 import { rateLimit } from '../lib/express.js'
 import { Guard } from '../lib/core/guard.js'
 import { storeTarget, RedisStore } from '../lib/store/redis-store.js'
+import type { RedisClient } from '../lib/store/client.js'
+import { createClient, createCluster } from 'redis'
+import { GlideClient } from '@valkey/valkey-glide'
 import type { Timers } from '../lib/core/outage.js'
 import { captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
-import { freePort, redisUrl } from './helpers/redis.js'
+import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
 
 await redisUrl(t)
 
@@ -218,6 +221,23 @@ t.test('the address of a client, for the log lines: never a password', async (t)
     t.equal(storeTarget(client), expected)
     client.disconnect()
   }
+})
+
+t.test('the address of a node-redis or GLIDE client, for the log lines: never a password', async (t) => {
+  const cases: Array<[RedisClient, string]> = [
+    [createClient({ url: 'redis://user:pw@10.0.0.5:6380/2' }), '10.0.0.5:6380'],
+    [createClient({ socket: { host: '::1', port: 7000 }, password: 'pw' }), '[::1]:7000'],
+    [createClient({ socket: { path: '/run/redis.sock', tls: false }, password: 'pw' }), 'unix:/run/redis.sock'],
+    [createClient(), '127.0.0.1:6379'],
+    [createCluster({ rootNodes: [{ url: 'redis://:pw@10.0.0.1:7000' }, { socket: { host: '10.0.0.2', port: 7001 } }, { url: 'redis://[::1' }] }),
+      'cluster seeds 10.0.0.1:7000, 10.0.0.2:7001, an address node-redis could not parse either']
+  ]
+  for (const [client, expected] of cases) t.equal(storeTarget(client), expected)
+  const server = await startRedisServer()
+  t.teardown(() => server.stop())
+  const glide = await GlideClient.createClient({ addresses: [{ host: server.host, port: server.port }] })
+  t.teardown(() => glide.close())
+  t.equal(storeTarget(glide), `${server.host}:${server.port}`)
 })
 
 t.test('the Express adapter warns at start-up the same way', async (t) => {

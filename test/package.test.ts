@@ -269,7 +269,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${newest}`, '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${newest}`, redis: '^6', iovalkey: '^0.4', '@valkey/valkey-glide': '^2', '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -331,13 +331,14 @@ t.test('the tarball: a LICENSE, the built files, no source maps, no prepare scri
   const shared = (await Promise.all(['types', 'http'].map(read))).join('\n')
   t.notMatch(shared, /from '(fastify|express|hono|ioredis)/, 'the shared declarations import no framework and no client')
   const entries = (await Promise.all(['index', 'express', 'hono'].map(read))).join('\n')
+  t.notMatch(shared + entries, /from '(ioredis|iovalkey|redis|@redis\/[a-z-]+|@valkey\/valkey-glide)'/, 'no declaration imports a Redis client package')
   const exported = [...shared.matchAll(/export (?:type )?\{([^}]*)\}/g)].flatMap((m) => (m[1] as string).split(',').map((name) => name.trim())).filter((name) => name !== '')
   t.ok(exported.length > 10, `${exported.length} shared types`)
   t.same(exported.filter((name) => !new RegExp(`\\b${name}\\b`).test(entries)), [], 'every shared type is one an entry exports or uses')
   t.same(['RedisStore', 'Guard', 'Engine', 'Remote', 'SettleDeps', 'DenialCache'].filter((name) => new RegExp(`\\b(class|interface|type) ${name}\\b`).test(shared + entries)), [], 'no internal class or type is declared')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@hono/node-server', '@opentelemetry/api', 'express', 'fastify', 'hono', 'ioredis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@hono/node-server', '@opentelemetry/api', '@valkey/valkey-glide', 'express', 'fastify', 'hono', 'ioredis', 'iovalkey', 'redis'])
 })
 
 t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {

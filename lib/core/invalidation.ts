@@ -8,7 +8,9 @@
 // ordinary command). Each limiter listens on a connection of its own, a
 // duplicate of the app's client (of a Cluster: a duplicate of one of its
 // nodes, and of another one when that node is gone), so the app's client
-// is never put in subscriber mode, never modified and never closed.
+// is never put in subscriber mode, never modified and never closed. The
+// store's client (lib/store/client.ts StoreClient.subscribe) opens it,
+// whichever client the app gave.
 //
 // Why that is enough, and when it is not. PUBLISH returns once Redis has
 // written the message to the connection of every subscriber on that node
@@ -39,11 +41,9 @@
 // too, so tollgate never keeps alive a process whose client the app let go.
 
 import { randomUUID } from 'node:crypto'
-import type { Cluster, Redis, RedisOptions } from 'ioredis'
+import type { StoreClient } from '../store/client.js'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
-import type { Logger, RedisClient } from './types.js'
-
-type Client = Redis | Cluster
+import type { Logger } from './types.js'
 
 /** What the limiter does with the changes it hears of; `at` is the limiter's monotonic clock on arrival. */
 export interface ChangeHandlers {
@@ -58,26 +58,16 @@ export const SUBSCRIBER_NAME = 'tollgate:changes'
 const RETRY_MIN_MS = 50
 const RETRY_MAX_MS = 2000
 
-/** Options of the subscriber connection over those of the client it duplicates. */
-const SUBSCRIBER: Partial<RedisOptions> = {
-  lazyConnect: false,
-  enableOfflineQueue: false,
-  // Reconnecting is done here, with a new connection (to another node of a
-  // Cluster), so that every new subscription passes through #subscribe.
-  autoResubscribe: false,
-  retryStrategy: () => null,
-  connectionName: SUBSCRIBER_NAME
-}
-
 export class Invalidations {
-  readonly #client: Client
+  readonly #client: StoreClient
   readonly #channel: string
   readonly #id = randomUUID()
   readonly #handlers: ChangeHandlers
   readonly #logger: Logger | undefined
   readonly #deadlines: Deadlines
   readonly #clock: Clock
-  #subscriber: Redis | undefined
+  #subscriber: { close (): void } | undefined
+  #offEnd: () => void = () => {}
   /** A connection was lost or refused since the last subscription started. */
   #gap = false
   #retryMs = RETRY_MIN_MS
@@ -85,15 +75,15 @@ export class Invalidations {
   /** A SUBSCRIBE, or a PUBLISH, failed since the last success: logged once. */
   #refused = { subscribe: false, publish: false }
 
-  constructor (client: RedisClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined, clock: Clock = monotonic) {
+  constructor (client: StoreClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined, clock: Clock = monotonic) {
     this.#clock = clock
     this.#deadlines = new Deadlines(clock)
-    this.#client = client as Client
+    this.#client = client
     this.#channel = `${prefix}:changes`
     this.#handlers = handlers
     this.#logger = logger
     if (this.#client.status === 'end') return
-    this.#client.on('end', this.#clientEnded)
+    this.#offEnd = this.#client.onEnd(this.#clientEnded)
     this.#connect()
   }
 
@@ -110,52 +100,36 @@ export class Invalidations {
   /** Closes the subscriber (never the app's client). Changes made here are still published. */
   close (): void {
     clearTimeout(this.#timer)
-    this.#client.off('end', this.#clientEnded)
-    this.#subscriber?.disconnect()
+    this.#offEnd()
+    this.#subscriber?.close()
     this.#subscriber = undefined
   }
 
   readonly #clientEnded = (): void => { this.close() }
 
   #connect (): void {
-    const sub = this.#duplicate()
-    if (sub === undefined) return this.#retry()
-    this.#subscriber = sub
-    // Its failures are the store's, and show on the app's client and in the guard.
-    sub.on('error', () => {})
-    sub.on('message', (_channel: string, message: string) => { this.#received(message) })
-    sub.on('ready', () => { this.#subscribe(sub) })
-    sub.once('end', () => {
-      if (this.#subscriber !== sub) return
-      this.#subscriber = undefined
-      this.#gap = true
-      this.#retry()
-    })
-  }
-
-  /** A new connection: a duplicate of the client, or of one node of a Cluster (undefined when it knows none yet). */
-  #duplicate (): Redis | undefined {
-    const client = this.#client
-    if (!client.isCluster) return (client as Redis).duplicate(SUBSCRIBER)
-    const nodes = (client as Cluster).nodes('all')
-    return nodes[Math.floor(Math.random() * nodes.length)]?.duplicate(SUBSCRIBER)
-  }
-
-  #subscribe (sub: Redis): void {
-    sub.subscribe(this.#channel).then(() => {
-      if (this.#subscriber !== sub) return
-      this.#retryMs = RETRY_MIN_MS
-      this.#refused.subscribe = false
-      if (this.#gap) this.#handlers.resubscribed(this.#clock())
-      this.#gap = false
-    }, (err: unknown) => {
-      if (this.#subscriber !== sub) return
-      if (!this.#refused.subscribe) {
+    const sub = this.#client.subscribe(this.#channel, SUBSCRIBER_NAME, {
+      message: (text) => { this.#received(text) },
+      subscribed: () => {
+        if (this.#subscriber !== sub) return
+        this.#retryMs = RETRY_MIN_MS
+        this.#refused.subscribe = false
+        if (this.#gap) this.#handlers.resubscribed(this.#clock())
+        this.#gap = false
+      },
+      refused: (err) => {
+        if (this.#subscriber !== sub || this.#refused.subscribe) return
         this.#refused.subscribe = true
         this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: could not subscribe to the resets and refunds of other app servers; they reach this one only when its cached denials age out (denialCache.maxAgeMs)')
+      },
+      ended: () => {
+        if (this.#subscriber !== sub) return
+        this.#subscriber = undefined
+        this.#gap = true
+        this.#retry()
       }
-      sub.disconnect()
     })
+    this.#subscriber = sub
   }
 
   /** A new connection after a pause that doubles up to RETRY_MAX_MS; the timer never keeps the process alive. */

@@ -13,6 +13,7 @@ import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyStr
 import { checkLimiterOptions, checkPolicies, checkPolicy, costBound, maxCost, unsettled } from './policy.js'
 import { processWarnings } from './process-warnings.js'
 import { RedisStore } from '../store/redis-store.js'
+import type { StoreClient } from '../store/client.js'
 import type { Remote } from './remote.js'
 import { settlements, type Reservation } from './settle.js'
 import type { Decision, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
@@ -122,7 +123,7 @@ function remoteOf (options: LimiterOptions, client: RedisClient, shared: { prefi
   const denials = options.denialCache === false
     ? undefined
     : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS, clock)
-  const changes = denials === undefined ? undefined : fleetChanges(client, prefix, denials, leases, logger, clock)
+  const changes = denials === undefined ? undefined : fleetChanges(store.client, prefix, denials, leases, logger, clock)
   return { store, guard, denials, changes }
 }
 
@@ -195,7 +196,7 @@ function facade (engine: Engine, parts: EngineParts): Limiter {
  * The other app servers' resets and refunds (lib/core/invalidation.ts), applied
  * to this server's cached denials and leases as its own are.
  */
-function fleetChanges (redis: RedisClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined, clock: () => number): Invalidations {
+function fleetChanges (redis: StoreClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined, clock: () => number): Invalidations {
   return new Invalidations(redis, prefix, {
     reset (key, at) {
       denials.reset(key, at)

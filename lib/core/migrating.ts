@@ -115,7 +115,7 @@ const EXPRESS_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>(
   ['requestPropertyName', (at) => at.adapter === 'core'
     ? 'nothing: consume() returns the Decision'
     : at.adapter === 'hono' ? "nothing: the decision is always c.get('rateLimit')" : `nothing: the decision is always on ${at.adapter === 'express' ? 'req' : 'request'}.rateLimit`],
-  ['store', (at) => `${at.opt('redis')} (an ioredis Redis or Cluster client), or nothing for the in-process store`],
+  ['store', (at) => `${at.opt('redis')} (an ioredis, iovalkey, node-redis or GLIDE client), or nothing for the in-process store`],
   ['validate', (at) => at.adapter === 'core'
     ? 'nothing: every option is checked when the limiter is created'
     : `nothing: every option is checked at start-up; ${at.opt('warnings')} turns off the warnings at run time`],
@@ -166,9 +166,9 @@ const RATE_LIMITER_FLEXIBLE: ReadonlyMap<string, Advice> = new Map<string, Advic
   ['duration', (at) => `${bucketOf(at, 'points', 'duration')}: points: 10, duration: 60 is capacity: 10, refillPerSecond: 10 / 60`],
   ['blockDuration', (at) => `${at.opt('lockout')}: { after: 1, withinMs: 1000, forMs: blockDuration × 1000 } blocks a client for forMs from its first denial`],
   ['insuranceLimiter', (at) => `${at.opt('failureMode')}: 'local' with ${at.opt('local')}: { capacity, refillPerSecond }, the in-process limit used while Redis fails`],
-  ['storeClient', (at) => `${at.opt('redis')} (an ioredis Redis or Cluster client)`],
-  ['useRedisPackage', (at) => `${at.opt('redis')}: tollgate takes an ioredis client, not a node-redis one`],
-  ['useRedis3AndLowerPackage', (at) => `${at.opt('redis')}: tollgate takes an ioredis client, not a node-redis one`],
+  ['storeClient', (at) => `${at.opt('redis')} (an ioredis, iovalkey, node-redis or GLIDE client)`],
+  ['useRedisPackage', (at) => `${at.opt('redis')}: pass the node-redis client itself; tollgate tells the client family from the object`],
+  ['useRedis3AndLowerPackage', (at) => `${at.opt('redis')}: a node-redis 4, 5 or 6 client (node-redis 3 is not supported)`],
   ['rejectIfRedisNotReady', (at) => `${at.opt('failureMode')}: a client that is not ready is a store failure, decided by the failure mode at once`],
   ['storeType', (at) => `${at.opt('redis')}: tollgate keeps its buckets in Redis or, without it, in process`],
   ['keyPrefix', (at) => at.opt('prefix')],

@@ -1,5 +1,6 @@
 import { describe, optionError } from './errors.js'
 import { limitValueHint, migrationHint, type Adapter } from './migrating.js'
+import { ACCEPTED_CLIENTS, clientFamily, describeClient } from '../store/clients/index.js'
 import type { BreakerOptions, FailureMode, LocalPolicy, Lockout, MetricsMeter, MetricsOptions, RedisClient } from './types.js'
 
 export const FAILURE_MODES: readonly FailureMode[] = ['open', 'closed', 'local']
@@ -137,12 +138,14 @@ export function ipv6Subnet (value: unknown, name: string): number {
 }
 
 function isRedisClient (value: unknown): value is RedisClient {
-  return isRecord(value) && typeof value.evalsha === 'function' && typeof value.status === 'string'
+  return clientFamily(value) !== undefined
 }
 
 export function redisClient (value: unknown, name: string): RedisClient {
-  if (!isRedisClient(value)) throw optionError(name, value, 'an ioredis Redis or Cluster client')
-  return value
+  if (isRedisClient(value)) return value
+  const err = optionError(name, value, ACCEPTED_CLIENTS)
+  err.message = `tollgate: \`${name}\` must be ${ACCEPTED_CLIENTS}, got ${describeClient(value, describe)}`
+  throw err
 }
 
 /** A cost: a number of tokens, or (on a route) a function of the request. */

@@ -1,7 +1,7 @@
 // The core's public types: decisions, policies, the limiter and its
 // options. The Redis client's type is the store wing's (lib/store/client.ts).
 
-import type { RedisClient } from '../store/client.js'
+import type { IoredisClient, NodeRedisClient, RedisClient, ValkeyGlideClient } from '../store/client.js'
 import type { StoreError } from './errors.js'
 
 /** A reserved cost, to be settled once with the actual cost. */
@@ -101,7 +101,7 @@ export interface BreakerOptions {
   cooldownMs: number
 }
 
-export type { RedisClient }
+export type { IoredisClient, NodeRedisClient, RedisClient, ValkeyGlideClient }
 
 /** Minimal logger: pino's and Fastify's loggers fit. */
 export interface Logger {

@@ -5,8 +5,8 @@
 // framework's proxy trust behind the proxy warnings.
 
 import { StoreError } from '../store/errors.js'
-import { storeTarget } from '../store/redis-store.js'
-import type { RedisClient } from '../store/client.js'
+import type { RedisClient, StoreClient } from '../store/client.js'
+import { storeClient } from '../store/clients/index.js'
 import { createCore, type Core } from '../core/limiter.js'
 import {
   DEFAULT_PREFIX, breaker, denialCache, ipv6Subnet, keyPrefix, metricsOption, outageSummaryMs, positiveInteger, redisClient
@@ -49,8 +49,9 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
  * asked to connect, since the limiter sends nothing to a client that is not
  * connected. True when the client is ready; never rejects.
  */
-export async function whenReady (core: Core, redis: RedisClient, ms: number): Promise<boolean> {
+export async function whenReady (core: Core, client: RedisClient, ms: number): Promise<boolean> {
   const started = performance.now()
+  const redis = storeClient(client)
   await waitReady(redis, ms)
   if (redis.status !== 'ready') return false
   await within(core.warm(), ms - (performance.now() - started))
@@ -62,23 +63,24 @@ export async function whenReady (core: Core, redis: RedisClient, ms: number): Pr
  * failing from the start (`limiter.state`, the metrics, the summaries while
  * it stays so), with one warning naming where the client connects.
  */
-export function notReady (core: Core, redis: RedisClient, ms: number): void {
-  const target = storeTarget(redis)
+export function notReady (core: Core, client: RedisClient, ms: number): void {
+  const redis = storeClient(client)
+  const target = redis.target
   const err = new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${target} is not ready after ${ms} ms (status ${redis.status})`)
   core.down(err, `tollgate: Redis at ${target} is not ready after ${ms} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)
 }
 
-async function waitReady (redis: RedisClient, ms: number): Promise<void> {
+async function waitReady (redis: StoreClient, ms: number): Promise<void> {
   if (redis.status === 'ready') return
-  if (redis.status === 'wait') redis.connect().catch(() => {})
+  if (redis.status === 'wait') redis.connect()
   await new Promise<void>((resolve) => {
     const done = (): void => {
       clearTimeout(timer)
-      redis.off('ready', done)
+      off()
       resolve()
     }
     const timer = setTimeout(done, ms)
-    redis.on('ready', done)
+    const off = redis.onReady(done)
   })
 }
 

@@ -1,23 +1,20 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import type { Cluster, Redis } from 'ioredis'
 import { scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
 } from './store.js'
-import type { RedisClient as Client } from './client.js'
+import type { RedisClient, StoreClient } from './client.js'
+import { storeClient } from './clients/index.js'
 
-type RedisClient = Redis | Cluster
-
-// Why EVALSHA by hand rather than ioredis's defineCommand: the wrapper's
-// extra command class, callback adapter and per-socket bookkeeping cost
-// about a microsecond of app CPU per call, and it adds a method to the
-// user's client (and its type). Here the sha is computed once; a NOSCRIPT
+// Each script is sent by its SHA-1 (EVALSHA), computed once; a NOSCRIPT
 // answer (a script flush, a restart, a failover to a replica that never
 // ran the script, a new Cluster node) is answered by one EVAL of the
 // source, routed by its keys like the EVALSHA, which also loads the script
 // on that node. Only NOSCRIPT is retried: any other error is the call's.
+// What goes to Redis goes through the client's StoreClient
+// (lib/store/client.ts), whichever client it is.
 
 /** A Lua script and its SHA-1, as EVALSHA names it. */
 export interface Script {
@@ -38,14 +35,6 @@ export const LEASE: Script = script('lease.lua')
 export const SETTLE: Script = script('settle.lua')
 /** lua/token-bucket-ext.lua. */
 export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
-
-function isCluster (redis: RedisClient): redis is Cluster {
-  return redis.isCluster
-}
-
-function isNoScript (err: unknown): boolean {
-  return err instanceof Error && err.message.startsWith('NOSCRIPT')
-}
 
 /**
  * Appends one bucket's arguments of lua/token-bucket.lua: its window, the
@@ -74,42 +63,13 @@ function storeReply (reply: unknown, specs: readonly BucketSpec[]): StoreReply {
   return { allowed, buckets }
 }
 
-/** `host:port`, brackets around an IPv6 host. */
-function hostPort (host: unknown, port: unknown): string {
-  const name = typeof host === 'string' && host !== '' ? host : '127.0.0.1'
-  return `${name.includes(':') ? `[${name}]` : name}:${typeof port === 'number' || typeof port === 'string' ? port : 6379}`
-}
-
-/** A Cluster seed node as ioredis takes it (a port, a URL or `host:port`, an object), without its password. */
-function seedAddress (node: unknown): string {
-  if (typeof node === 'number') return hostPort(undefined, node)
-  if (typeof node === 'string') {
-    try {
-      const url = new URL(node.includes('://') ? node : `redis://${node}`)
-      return hostPort(url.hostname.replace(/^\[|\]$/g, ''), url.port === '' ? undefined : url.port)
-    } catch {
-      return 'an address ioredis could not parse either'
-    }
-  }
-  const { host, port } = node as { host?: unknown, port?: unknown }
-  return hostPort(host, port)
-}
-
 /**
  * Where a client connects, for log lines: `host:port`, `unix:<path>`, the
  * sentinels and the master's name, or a Cluster's seed nodes. Never a user
  * name or a password.
  */
-export function storeTarget (client: Client): string {
-  const redis = client as RedisClient
-  if (isCluster(redis)) {
-    const seeds = (redis as unknown as { startupNodes?: unknown }).startupNodes
-    return `cluster seeds ${(Array.isArray(seeds) ? seeds : []).map(seedAddress).join(', ')}`
-  }
-  const { host, port, path, sentinels, name } = redis.options as { host?: unknown, port?: unknown, path?: unknown, sentinels?: unknown, name?: unknown }
-  if (typeof path === 'string' && path !== '') return `unix:${path}`
-  if (Array.isArray(sentinels) && sentinels.length > 0) return `sentinels ${sentinels.map(seedAddress).join(', ')} (master "${String(name)}")`
-  return hostPort(host, port)
+export function storeTarget (client: RedisClient): string {
+  return storeClient(client).target
 }
 
 /** lua/settle.lua's keys: each bucket key, then its refund key. */
@@ -130,23 +90,27 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * would otherwise never reach Redis, and fail over for ever.
  */
 export class RedisStore implements Store, LeaseStore {
-  readonly #redis: RedisClient
+  readonly #redis: StoreClient
   /** The client's address, for log lines (storeTarget). */
   readonly target: string
 
-  constructor (client: Client) {
-    const redis = client as RedisClient
-    this.#redis = redis
-    this.target = storeTarget(client)
+  constructor (client: RedisClient) {
+    this.#redis = storeClient(client)
+    this.target = this.#redis.target
+  }
+
+  /** What the store sends through, for the fleet's change channel (lib/core/invalidation.ts). */
+  get client (): StoreClient {
+    return this.#redis
   }
 
   /** EVALSHA `script`; on NOSCRIPT, one EVAL of its source. `args` holds the keys, then the arguments. */
   async #run (script: Script, numKeys: number, args: Array<string | number>): Promise<unknown> {
     try {
-      return await this.#redis.evalsha(script.sha, numKeys, ...args)
+      return await this.#redis.evalsha(script.sha, numKeys, args)
     } catch (err) {
-      if (!isNoScript(err)) throw err
-      return await this.#redis.eval(script.lua, numKeys, ...args)
+      if (!this.#redis.isNoScript(err)) throw err
+      return await this.#redis.eval(script.lua, numKeys, args)
     }
   }
 
@@ -157,7 +121,7 @@ export class RedisStore implements Store, LeaseStore {
   #down (): StoreError {
     const redis = this.#redis
     if (redis.status !== 'wait') return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} is not connected (status ${redis.status})`)
-    redis.connect().catch(() => {})
+    redis.connect()
     return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
   }
 
@@ -172,9 +136,9 @@ export class RedisStore implements Store, LeaseStore {
     args.push(consume ? '1' : '0')
     for (const spec of specs) pushBucketArgs(args, spec)
     const redis = this.#redis
-    return redis.evalsha(TOKEN_BUCKET.sha, specs.length, ...args).then((reply) => storeReply(reply, specs), (err: unknown) => {
-      if (!isNoScript(err)) throw err
-      return redis.eval(TOKEN_BUCKET.lua, specs.length, ...args).then((reply) => storeReply(reply, specs))
+    return redis.evalsha(TOKEN_BUCKET.sha, specs.length, args).then((reply) => storeReply(reply, specs), (err: unknown) => {
+      if (!redis.isNoScript(err)) throw err
+      return redis.eval(TOKEN_BUCKET.lua, specs.length, args).then((reply) => storeReply(reply, specs))
     })
   }
 
@@ -236,8 +200,7 @@ export class RedisStore implements Store, LeaseStore {
    * over: refresh it whenever the breaker opens.
    */
   recover (): void {
-    const redis = this.#redis
-    if (isCluster(redis)) redis.refreshSlotsCache(() => {})
+    this.#redis.refresh()
   }
 
   /**
@@ -251,9 +214,7 @@ export class RedisStore implements Store, LeaseStore {
    * failure modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {
-    const redis = this.#redis
-    const nodes: Redis[] = isCluster(redis) ? redis.nodes('master') : [redis]
-    await Promise.allSettled(nodes.flatMap((node) => [TOKEN_BUCKET, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => node.script('LOAD', s.lua))))
+    await this.#redis.loadScripts([TOKEN_BUCKET, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => s.lua))
     try {
       await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
     } catch (cause) {
@@ -264,6 +225,6 @@ export class RedisStore implements Store, LeaseStore {
 
   async reset (key: string): Promise<void> {
     this.#ready()
-    await this.#redis.del(key, lockKey(key), refundKey(key))
+    await this.#redis.del([key, lockKey(key), refundKey(key)])
   }
 }

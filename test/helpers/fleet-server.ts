@@ -33,7 +33,8 @@ import { Hono } from 'hono'
 import { Cluster, Redis } from 'ioredis'
 import { rateLimit } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type RateLimitEnv } from '../../lib/hono.js'
-import tollgate from '../../lib/index.js'
+import tollgate, { type RedisClient as TollgateClient } from '../../lib/index.js'
+import { families, type Family, type Made } from './clients.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
 import { trustAppClock } from './naive.js'
@@ -68,7 +69,16 @@ function shiftClock (ms: number): void {
 }
 
 const clients: RedisClient[] = []
-function client (store: FleetServerConfig['stores'][string]): RedisClient {
+const others: Made[] = []
+/** The store's client: ioredis unless `family` names one of test/helpers/clients.ts. */
+async function client (store: FleetServerConfig['stores'][string]): Promise<TollgateClient> {
+  if (store.family !== undefined) {
+    const family = families.find((f) => f.label === store.family)
+    if (family === undefined) throw new Error(`no client family ${store.family}`)
+    const made = store.cluster === undefined ? await family.standalone(store.url ?? '') : await (family.cluster as NonNullable<Family['cluster']>)(store.cluster)
+    others.push(made)
+    return made.client
+  }
   const redis: RedisClient = store.cluster === undefined
     ? new Redis(store.url ?? '', { enableOfflineQueue: false, maxRetriesPerRequest: 1 })
     : new Cluster(store.cluster, store.clusterOptions ?? {})
@@ -84,7 +94,7 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
   const app = Fastify()
   let settled = 0
   for (const [label, store] of Object.entries(config.stores)) {
-    const redis = client(store)
+    const redis = await client(store)
     await app.register(async (scope) => {
       await scope.register(tollgate, {
         redis,
@@ -153,7 +163,7 @@ async function expressApp (config: FleetServerConfig): Promise<{ port: number, c
   const limits: Array<ReturnType<typeof rateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
     const limit = rateLimit({
-      redis: client(store),
+      redis: await client(store),
       prefix: config.prefix,
       capacity: config.capacity,
       refillPerSecond: config.refillPerSecond,
@@ -188,7 +198,7 @@ async function honoApp (config: FleetServerConfig): Promise<{ port: number, clos
   const limits: Array<ReturnType<typeof honoRateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
     const limit = honoRateLimit({
-      redis: client(store),
+      redis: await client(store),
       prefix: config.prefix,
       capacity: config.capacity,
       refillPerSecond: config.refillPerSecond,
@@ -219,6 +229,7 @@ function stop (): Promise<void> {
   stopping ??= (async () => {
     await close()
     for (const redis of clients) redis.disconnect()
+    for (const made of others) await made.close()
     process.disconnect?.()
   })()
   return stopping

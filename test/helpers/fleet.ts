@@ -18,6 +18,8 @@ export interface StoreConfig {
   cluster?: Array<{ host: string, port: number }>
   /** Cluster options (JSON only: no functions) */
   clusterOptions?: ClusterOptions
+  /** a client family of test/helpers/clients.ts by its label (default: ioredis, with the options above) */
+  family?: string
   /** this client runs the deliberately broken script that trusts the app's clock (naive.ts) */
   trustAppClock?: boolean
 }

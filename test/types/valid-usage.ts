@@ -7,6 +7,11 @@ import express from 'express'
 import Fastify, { type FastifyRequest } from 'fastify'
 import { Cluster, Redis } from 'ioredis'
 import { Cluster as Cluster6, Redis as Redis6 } from 'ioredis6'
+import { Cluster as ValkeyCluster, Redis as Valkey } from 'iovalkey'
+import { createClient, createCluster } from 'redis'
+import * as redis4 from 'redis4'
+import * as redis5 from 'redis5'
+import { GlideClient, GlideClusterClient } from '@valkey/valkey-glide'
 import { RateLimitError, rateLimit, type ExpressPolicy, type RateLimit } from '../../lib/express.js'
 import tollgate, {
   createLimiter,
@@ -129,9 +134,17 @@ export async function validUsage (): Promise<void> {
     if (change.state === 'open') void change.cooldownMs
   })
 
-  // Both ioredis majors fit the redis option.
-  const clients: RedisClient[] = [new Redis(), new Cluster([]), new Redis6(), new Cluster6([])]
+  // Both ioredis majors, iovalkey, node-redis 6, 5 and 4 (client and cluster, RESP2 and RESP3) and GLIDE fit the redis option.
+  const clients: RedisClient[] = [
+    new Redis(), new Cluster([]), new Redis6(), new Cluster6([]), new Valkey(), new ValkeyCluster([]),
+    createClient(), createClient({ RESP: 3, database: 2 }), createCluster({ rootNodes: [] }),
+    redis5.createClient({ RESP: 3 }), redis5.createCluster({ rootNodes: [] }),
+    redis4.createClient({ isolationPoolOptions: { max: 4 } }), redis4.createCluster({ rootNodes: [] }),
+    await GlideClient.createClient({ addresses: [] }), await GlideClusterClient.createClient({ addresses: [] })
+  ]
   await app.register(tollgate, { redis: new Redis6(), failureMode: 'open' })
+  await app.register(tollgate, { redis: createClient({ RESP: 3 }), failureMode: 'open' })
+  await app.register(tollgate, { redis: await GlideClusterClient.createClient({ addresses: [] }), failureMode: 'open' })
   void clients
 
   // The core, framework-free.

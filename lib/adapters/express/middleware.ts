@@ -124,7 +124,7 @@ export type DeniedHandler = (req: Request, res: Response, next: NextFunction, er
 
 /** The options of `rateLimit()`. */
 export interface ExpressOptions extends ExpressPolicy {
-  /** Shared store, an ioredis Redis or Cluster; omitted, an in-process store. Never closed. */
+  /** Shared store: an ioredis or iovalkey Redis or Cluster, a node-redis client or cluster, a GLIDE client; omitted, an in-process store. Never closed. */
   redis?: RedisClient | undefined
   /** Required: there is deliberately no default. */
   failureMode: FailureMode

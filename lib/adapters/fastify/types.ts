@@ -75,7 +75,7 @@ export type RouteRateLimit<RouteGeneric extends RouteGenericInterface = RouteGen
 
 /** The plugin's options. */
 export interface TollgateOptions extends RoutePolicy {
-  /** Shared store, an ioredis Redis or Cluster; omitted, an in-process store. Never closed by the plugin. */
+  /** Shared store: an ioredis or iovalkey Redis or Cluster, a node-redis client or cluster, a GLIDE client; omitted, an in-process store. Never closed by the plugin. */
   redis?: RedisClient | undefined
   /** Required: there is deliberately no default. */
   failureMode: FailureMode

@@ -1,0 +1,34 @@
+// Addresses for log lines, whatever the client: never a user name or a password.
+
+/** `host:port`, brackets around an IPv6 host. */
+export function hostPort (host: unknown, port: unknown): string {
+  const name = typeof host === 'string' && host !== '' ? host : '127.0.0.1'
+  return `${name.includes(':') ? `[${name}]` : name}:${typeof port === 'number' || typeof port === 'string' ? port : 6379}`
+}
+
+/** A seed node as the clients take it (a port, a URL or `host:port`, an object), without its password. */
+export function seedAddress (node: unknown, family: string): string {
+  if (typeof node === 'number') return hostPort(undefined, node)
+  if (typeof node === 'string') return urlAddress(node, family)
+  const { host, port, url, socket } = (node ?? {}) as { host?: unknown, port?: unknown, url?: unknown, socket?: unknown }
+  if (typeof url === 'string') return urlAddress(url, family)
+  if (typeof socket === 'object' && socket !== null) return socketAddress(socket)
+  return hostPort(host, port)
+}
+
+/** A node-redis `socket` option: a host and port, or a unix socket's path. */
+export function socketAddress (socket: unknown): string {
+  const { host, port, path } = (socket ?? {}) as { host?: unknown, port?: unknown, path?: unknown }
+  if (typeof path === 'string' && path !== '') return `unix:${path}`
+  return hostPort(host, port)
+}
+
+/** `redis://user:password@host:port/db`, `rediss://`, `host:port`: its host and port only. */
+export function urlAddress (text: string, family: string): string {
+  try {
+    const url = new URL(text.includes('://') ? text : `redis://${text}`)
+    return hostPort(url.hostname.replace(/^\[|\]$/g, ''), url.port === '' ? undefined : url.port)
+  } catch {
+    return `an address ${family} could not parse either`
+  }
+}

@@ -1,0 +1,61 @@
+// The client families tollgate takes, told apart by what the object has,
+// never by importing a client package: each is an optional peer.
+
+import type { RedisClient, StoreClient } from '../client.js'
+import { glideClient, isGlide } from './glide.js'
+import { ioredisClient, isIoredis } from './ioredis.js'
+import { isNodeRedis, nodeRedisClient } from './node-redis.js'
+
+/** What `redis` accepts, for the start-up error. */
+export const ACCEPTED_CLIENTS = 'an ioredis or iovalkey Redis or Cluster, a node-redis createClient() or createCluster() client, or a GLIDE GlideClient or GlideClusterClient'
+
+/** The family of a client, or undefined for anything tollgate does not take. */
+export function clientFamily (value: unknown): 'ioredis' | 'node-redis' | 'glide' | undefined {
+  if (typeof value !== 'object' || value === null) return undefined
+  const record = value as Record<string, unknown>
+  if (unsupported(record) !== undefined) return undefined
+  if (isIoredis(record)) return 'ioredis'
+  if (isNodeRedis(record)) return 'node-redis'
+  if (isGlide(record)) return 'glide'
+  return undefined
+}
+
+/** Clients of the families above that tollgate does not take, by what they are. */
+function unsupported (value: Record<string, unknown>): string | undefined {
+  if (typeof value.getMasterNode === 'function') return 'a node-redis createSentinel() client'
+  if (typeof value.idleClients === 'number' && typeof value.execute === 'function') return 'a node-redis createClientPool() pool'
+  return undefined
+}
+
+/**
+ * What a value that clientFamily refused is, for the start-up error: the
+ * known client kinds tollgate does not take by name, any other object by
+ * its class (a plain object as JSON).
+ */
+export function describeClient (value: unknown, describe: (value: unknown) => string): string {
+  if (typeof value !== 'object' || value === null) return describe(value)
+  const known = unsupported(value as Record<string, unknown>)
+  if (known !== undefined) return known
+  const name = (value as { constructor?: { name?: unknown } }).constructor?.name
+  if (typeof name === 'string' && name !== '' && name !== 'Object') return `an instance of ${name}`
+  return describe(value)
+}
+
+// One adapter per client object: the start-up wait, the store and the
+// subscriber of one limiter (and of several over one client) share it.
+const adapters = new WeakMap<object, StoreClient>()
+
+/** The StoreClient of a client that clientFamily accepted. */
+export function storeClient (client: RedisClient): StoreClient {
+  const known = adapters.get(client)
+  if (known !== undefined) return known
+  const family = clientFamily(client)
+  const adapter = family === 'ioredis'
+    ? ioredisClient(client)
+    : family === 'node-redis'
+      ? nodeRedisClient(client)
+      : family === 'glide' ? glideClient(client) : undefined
+  if (adapter === undefined) throw new TypeError(`tollgate: \`redis\` must be ${ACCEPTED_CLIENTS}`)
+  adapters.set(client, adapter)
+  return adapter
+}
