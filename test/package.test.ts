@@ -408,6 +408,64 @@ t.test('require() from CommonJS, and a request decided on Redis through the inst
   t.same(JSON.parse(viaHono.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/hono')
 })
 
+/**
+ * A Fastify and an Express request through the installed package with each
+ * Redis client family the project installed, from its own package name
+ * (CLIENT: ioredis, redis, iovalkey, glide).
+ */
+const CLIENT_SMOKE = `import Fastify from 'fastify'
+import express from 'express'
+import tollgate from 'tollgate'
+import { rateLimit } from 'tollgate/express'
+
+const url = process.env.REDIS_URL
+async function connect () {
+  switch (process.env.CLIENT) {
+    case 'ioredis': { const { Redis } = await import('ioredis'); const c = new Redis(url); return { redis: c, end: () => c.quit() } }
+    case 'iovalkey': { const { Redis } = await import('iovalkey'); const c = new Redis(url); return { redis: c, end: () => c.quit() } }
+    case 'redis': { const { createClient } = await import('redis'); const c = createClient({ url }); await c.connect(); return { redis: c, end: () => c.close() } }
+    case 'glide': {
+      const { GlideClient } = await import('@valkey/valkey-glide')
+      const { hostname, port } = new URL(url)
+      const c = await GlideClient.createClient({ addresses: [{ host: hostname, port: Number(port) }], requestTimeout: 2000 })
+      return { redis: c, end: () => c.close() }
+    }
+  }
+  throw new Error('no client ' + process.env.CLIENT)
+}
+const { redis, end } = await connect()
+const options = { redis, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 2000 }
+const app = Fastify()
+await app.register(tollgate, { ...options, prefix: process.env.PREFIX + '-fastify' })
+app.get('/', async (request) => request.rateLimit)
+const f1 = await app.inject('/')
+const f2 = await app.inject('/')
+await app.close()
+const limit = rateLimit({ ...options, prefix: process.env.PREFIX + '-express' })
+const ex = express()
+ex.get('/', limit(), (req, res) => { res.json(req.rateLimit) })
+const server = ex.listen(0, '127.0.0.1')
+await new Promise((resolve) => server.once('listening', resolve))
+const at = 'http://127.0.0.1:' + server.address().port + '/'
+const e1 = await fetch(at)
+const e2 = await fetch(at)
+const out = { fastify: [f1.statusCode, f1.json().source, f2.statusCode], express: [e1.status, (await e1.json()).source, e2.status] }
+server.close()
+await limit.close()
+await end()
+console.log(JSON.stringify(out))
+`
+
+t.test('each Redis client family, installed beside the tarball: a Fastify and an Express request decided on Redis', async (t) => {
+  await writeFile(join(project.dir, 'client-smoke.mjs'), CLIENT_SMOKE)
+  const url = await redisUrl(t)
+  for (const client of ['ioredis', 'redis', 'iovalkey', 'glide']) {
+    const env = { ...process.env, REDIS_URL: url, CLIENT: client, PREFIX: `package-${client}-${process.pid}-${Date.now()}` }
+    const { stdout } = await run('node', ['client-smoke.mjs'], { cwd: project.dir, env })
+    t.same(JSON.parse(stdout.trim().split('\n').pop() ?? ''), { fastify: [200, 'store', 429], express: [200, 'store', 429] }, client)
+  }
+})
+
 t.test('on Node 22 and 24: a fresh project installs the tarball with no warning, and each adapter decides a request', async (t) => {
   const url = await redisUrl(t)
   for (const major of LTS) {
