@@ -215,7 +215,8 @@ t.test('the address of a client, for the log lines: never a password', async (t)
     [new Redis({ ...opts, sentinels: [{ host: '10.0.0.1', port: 26379 }, { host: '10.0.0.2' }], name: 'main', sentinelPassword: 'pw' }), 'sentinels 10.0.0.1:26379, 10.0.0.2:6379 (master "main")'],
     [new Redis.Cluster([7000, '10.0.0.2:7001', 'redis://:pw@[::1]:7002', 'rediss://h', { host: '10.0.0.3', port: 7003 }, {}, 'redis://[::1'], opts),
       'cluster seeds 127.0.0.1:7000, 10.0.0.2:7001, [::1]:7002, h:6379, 10.0.0.3:7003, 127.0.0.1:6379, an address ioredis could not parse either'],
-    [Object.assign(new Redis.Cluster([], opts), { startupNodes: undefined }), 'cluster seeds ']
+    [Object.assign(new Redis.Cluster([], opts), { startupNodes: undefined }), 'cluster seeds '],
+    [Object.assign(new Redis.Cluster([], opts), { startupNodes: [null] }), 'cluster seeds 127.0.0.1:6379']
   ]
   for (const [client, expected] of cases) {
     t.equal(storeTarget(client), expected)

@@ -108,28 +108,25 @@ export class Invalidations {
   readonly #clientEnded = (): void => { this.close() }
 
   #connect (): void {
-    const sub = this.#client.subscribe(this.#channel, SUBSCRIBER_NAME, {
+    this.#subscriber = this.#client.subscribe(this.#channel, SUBSCRIBER_NAME, {
       message: (text) => { this.#received(text) },
       subscribed: () => {
-        if (this.#subscriber !== sub) return
         this.#retryMs = RETRY_MIN_MS
         this.#refused.subscribe = false
         if (this.#gap) this.#handlers.resubscribed(this.#clock())
         this.#gap = false
       },
       refused: (err) => {
-        if (this.#subscriber !== sub || this.#refused.subscribe) return
+        if (this.#refused.subscribe) return
         this.#refused.subscribe = true
         this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: could not subscribe to the resets and refunds of other app servers; they reach this one only when its cached denials age out (denialCache.maxAgeMs)')
       },
       ended: () => {
-        if (this.#subscriber !== sub) return
         this.#subscriber = undefined
         this.#gap = true
         this.#retry()
       }
     })
-    this.#subscriber = sub
   }
 
   /** A new connection after a pause that doubles up to RETRY_MAX_MS; the timer never keeps the process alive. */

@@ -46,7 +46,7 @@ export type RedisClient = IoredisClient | NodeRedisClient | ValkeyGlideClient
  */
 export type ClientStatus = 'ready' | 'wait' | 'end' | (string & Record<never, never>)
 
-/** A subscription's connection, as StoreClient.subscribe opens it. */
+/** A subscription's connection, as StoreClient.subscribe opens it: nothing is told after `close()` or after `ended`. */
 export interface SubscriberEvents {
   /** A message on the channel. */
   message (text: string): void

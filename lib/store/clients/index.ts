@@ -45,17 +45,16 @@ export function describeClient (value: unknown, describe: (value: unknown) => st
 // subscriber of one limiter (and of several over one client) share it.
 const adapters = new WeakMap<object, StoreClient>()
 
-/** The StoreClient of a client that clientFamily accepted. */
+/**
+ * The StoreClient of a client that clientFamily accepted (options parsing
+ * refuses any other): not ioredis nor node-redis, it is GLIDE.
+ */
 export function storeClient (client: RedisClient): StoreClient {
-  const known = adapters.get(client)
-  if (known !== undefined) return known
-  const family = clientFamily(client)
-  const adapter = family === 'ioredis'
-    ? ioredisClient(client)
-    : family === 'node-redis'
-      ? nodeRedisClient(client)
-      : family === 'glide' ? glideClient(client) : undefined
-  if (adapter === undefined) throw new TypeError(`tollgate: \`redis\` must be ${ACCEPTED_CLIENTS}`)
-  adapters.set(client, adapter)
+  let adapter = adapters.get(client)
+  if (adapter === undefined) {
+    const record = client as unknown as Record<string, unknown>
+    adapter = isIoredis(record) ? ioredisClient(client) : isNodeRedis(record) ? nodeRedisClient(client) : glideClient(client)
+    adapters.set(client, adapter)
+  }
   return adapter
 }

@@ -84,7 +84,9 @@ export function ioredisClient (user: object): StoreClient {
 
 /** A duplicate of the client, or of one node of a Cluster (none while it knows no node). */
 function subscribe (client: Client, channel: string, name: string, events: SubscriberEvents): { close (): void } {
-  let closed = false
+  // Nothing is told after close() or after the end (a SUBSCRIBE still in
+  // flight when the connection ends fails, and that is no refusal).
+  let over = false
   let sub: Redis | undefined
   if (!isCluster(client)) sub = client.duplicate(subscriberOptions(name))
   else {
@@ -92,24 +94,28 @@ function subscribe (client: Client, channel: string, name: string, events: Subsc
     sub = nodes[Math.floor(Math.random() * nodes.length)]?.duplicate(subscriberOptions(name))
   }
   if (sub === undefined) {
-    queueMicrotask(() => { if (!closed) events.ended() })
-    return { close () { closed = true } }
+    queueMicrotask(() => { if (!over) events.ended() })
+    return { close () { over = true } }
   }
   const conn = sub
   // Its failures are the store's, and show on the app's client and in the guard.
   conn.on('error', () => {})
-  conn.on('message', (_channel: string, message: string) => { if (!closed) events.message(message) })
+  conn.on('message', (_channel: string, message: string) => { if (!over) events.message(message) })
   conn.on('ready', () => {
-    conn.subscribe(channel).then(() => { if (!closed) events.subscribed() }, (err: unknown) => {
-      if (closed) return
+    conn.subscribe(channel).then(() => { if (!over) events.subscribed() }, (err: unknown) => {
+      if (over) return
       events.refused(err)
       conn.disconnect()
     })
   })
-  conn.once('end', () => { if (!closed) events.ended() })
+  conn.once('end', () => {
+    if (over) return
+    over = true
+    events.ended()
+  })
   return {
     close () {
-      closed = true
+      over = true
       conn.disconnect()
     }
   }

@@ -176,17 +176,18 @@ async function rediscover (cluster: Cluster): Promise<void> {
  * reconnects and queues nothing while it is not connected.
  */
 function subscribe (client: NodeRedis, channel: string, name: string, events: SubscriberEvents): { close (): void } {
-  let closed = false
+  // Nothing is told after close() or after the end (a SUBSCRIBE still in
+  // flight when the connection is lost fails, and that is no refusal).
+  let over = false
   let conn: NodeRedis | undefined
-  let done = false
   const end = (): void => {
-    if (done) return
-    done = true
-    if (!closed) events.ended()
+    if (over) return
+    over = true
+    events.ended()
   }
   void open().then(async (sub) => {
     conn = sub
-    if (closed) return destroy(sub)
+    if (over) return destroy(sub)
     // Its failures are the store's, and show on the app's client and in the
     // guard. Without reconnection, a lost connection is told by an error
     // after which the client is no longer open (node-redis emits no 'end').
@@ -194,13 +195,13 @@ function subscribe (client: NodeRedis, channel: string, name: string, events: Su
     sub.on('end', end)
     await sub.connect()
     try {
-      await sub.subscribe(channel, (message) => { if (!closed) events.message(message) })
+      await sub.subscribe(channel, (message) => { if (!over) events.message(message) })
     } catch (err) {
-      if (!closed) events.refused(err)
+      if (!over) events.refused(err)
       destroy(sub)
       return end()
     }
-    if (!closed) events.subscribed()
+    if (!over) events.subscribed()
   }).catch(() => {
     destroy(conn)
     end()
@@ -218,7 +219,7 @@ function subscribe (client: NodeRedis, channel: string, name: string, events: Su
 
   return {
     close () {
-      closed = true
+      over = true
       destroy(conn)
     }
   }
