@@ -89,9 +89,26 @@ export function glideClient (user: object): StoreClient {
     },
     del: (keys) => send(keys[0], ['DEL', ...keys]),
     publish: (channel, message) => send(undefined, ['PUBLISH', channel, message]),
-    subscribe: (channel, name, events) => subscribe(client, channel, name, events),
+    subscribe: (channel, name, events) => subscribe(client, send, channel, name, events),
     refresh () {}
   }
+}
+
+/**
+ * Rejects when the server refuses the user the channel (an ACL without
+ * it), asked by an empty PUBLISH on the app's client: subscribers take
+ * an empty message for nothing (lib/core/invalidation.ts reads only JSON).
+ * A subscriber client made for a refused channel would not fail: GLIDE
+ * tries to subscribe again in a tight loop until its creation times out,
+ * logging each refusal at its error level (thousands of lines a second on
+ * the app's standard output). Any other failure of the PUBLISH (a user
+ * that may subscribe but not publish, a slow server) leaves the
+ * subscription to be tried.
+ */
+function channelAllowed (send: (key: undefined, args: string[]) => Promise<unknown>, channel: string): Promise<void> {
+  return send(undefined, ['PUBLISH', channel, '']).then(() => {}, (err: unknown) => {
+    if (err instanceof Error && err.message.startsWith('NOPERM') && /channel/i.test(err.message)) throw err
+  })
 }
 
 /**
@@ -100,21 +117,21 @@ export function glideClient (user: object): StoreClient {
  * after a reconnection, so no loss is told of, and `denialCache.maxAgeMs`
  * is the bound on what a lost message costs).
  */
-function subscribe (client: Glide, channel: string, name: string, events: SubscriberEvents): { close (): void } {
+function subscribe (client: Glide, send: (key: undefined, args: string[]) => Promise<unknown>, channel: string, name: string, events: SubscriberEvents): { close (): void } {
   let closed = false
   let sub: Glide | undefined
   const create = client.constructor.createClient
   const config = client.config
   const opened = create === undefined || config === undefined
     ? Promise.reject(new Error('this GLIDE client does not show the configuration it was created with'))
-    : create.call(client.constructor, {
+    : channelAllowed(send, channel).then(() => create.call(client.constructor, {
       ...config,
       clientName: name,
       pubsubSubscriptions: {
         channelsAndPatterns: { 0: new Set([channel]) },
         callback: (msg: { message: unknown }) => { if (!closed) events.message(String(msg.message)) }
       }
-    })
+    }))
   opened.then((conn) => {
     sub = conn
     if (closed) return conn.close()
