@@ -24,17 +24,19 @@
 //   GET /settled      not limited; settlements this process has finished
 //   GET /clock        not limited; this process's Date.now() and performance.now()
 
+// Each process loads only its own framework, adapter and client family
+// (imported where they are used): through the tests' TypeScript loader,
+// six processes starting at once on two cores each took seconds more to
+// listen when every one of them loaded all three frameworks and every
+// client package.
+
 import type { Server } from 'node:http'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { createAdaptorServer } from '@hono/node-server'
-import express from 'express'
-import Fastify from 'fastify'
-import { Hono } from 'hono'
 import { Cluster, Redis } from 'ioredis'
-import { rateLimit } from '../../lib/express.js'
-import { rateLimit as honoRateLimit, type RateLimitEnv } from '../../lib/hono.js'
-import tollgate, { type RedisClient as TollgateClient } from '../../lib/index.js'
-import { families, type Family, type Made } from './clients.js'
+import type { rateLimit } from '../../lib/express.js'
+import type { rateLimit as honoRateLimit, RateLimitEnv } from '../../lib/hono.js'
+import type { RedisClient as TollgateClient } from '../../lib/index.js'
+import type { Family, Made } from './clients.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
 import { trustAppClock } from './naive.js'
@@ -73,6 +75,7 @@ const others: Made[] = []
 /** The store's client: ioredis unless `family` names one of test/helpers/clients.ts. */
 async function client (store: FleetServerConfig['stores'][string]): Promise<TollgateClient> {
   if (store.family !== undefined) {
+    const { families } = await import('./clients.js')
     const family = families.find((f) => f.label === store.family)
     if (family === undefined) throw new Error(`no client family ${store.family}`)
     const made = store.cluster === undefined ? await family.standalone(store.url ?? '') : await (family.cluster as NonNullable<Family['cluster']>)(store.cluster)
@@ -91,6 +94,8 @@ async function client (store: FleetServerConfig['stores'][string]): Promise<Toll
 const { port, close } = config.framework === 'express' ? await expressApp(config) : config.framework === 'hono' ? await honoApp(config) : await fastifyApp(config)
 
 async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const { default: Fastify } = await import('fastify')
+  const { default: tollgate } = await import('../../lib/index.js')
   const app = Fastify()
   let settled = 0
   for (const [label, store] of Object.entries(config.stores)) {
@@ -159,6 +164,8 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
 }
 
 async function expressApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const { default: express } = await import('express')
+  const { rateLimit } = await import('../../lib/express.js')
   const app = express()
   const limits: Array<ReturnType<typeof rateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
@@ -194,6 +201,9 @@ async function expressApp (config: FleetServerConfig): Promise<{ port: number, c
 }
 
 async function honoApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const { Hono } = await import('hono')
+  const { createAdaptorServer } = await import('@hono/node-server')
+  const { rateLimit: honoRateLimit } = await import('../../lib/hono.js')
   const app = new Hono<RateLimitEnv>()
   const limits: Array<ReturnType<typeof honoRateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
