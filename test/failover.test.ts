@@ -114,8 +114,18 @@ async function buildApp (t: Test, clientId: string): Promise<FastifyInstance> {
   return app
 }
 
+interface Traffic {
+  /** Answers so far, in the order they arrived (sorted by `at` once stopped). */
+  readonly seen: Seen[]
+  readonly startedAt: number
+  /** Sends no more, and resolves once every request sent has its answer. */
+  stop(): Promise<Seen[]>
+  /** Sends again after a stop. */
+  resume(): void
+}
+
 /** One request per route every TICK_MS, without waiting for answers (open loop). */
-function traffic (app: FastifyInstance): { readonly seen: Seen[], readonly startedAt: number, stop(): Promise<Seen[]> } {
+function traffic (app: FastifyInstance): Traffic {
   const seen: Seen[] = []
   const pending = new Set<Promise<void>>()
   const startedAt = performance.now()
@@ -126,20 +136,25 @@ function traffic (app: FastifyInstance): { readonly seen: Seen[], readonly start
     const body = res.json<{ source?: string, code?: string }>()
     seen.push({ route, at: sent - startedAt, ms, status: res.statusCode, source: body.source, code: body.code, headers: res.headers })
   }
-  const timer = setInterval(() => {
+  const tick = (): void => {
     for (const route of ROUTES) {
       const p = send(route)
       pending.add(p)
       void p.finally(() => pending.delete(p))
     }
-  }, TICK_MS)
+  }
+  let timer: NodeJS.Timeout | undefined = setInterval(tick, TICK_MS)
   return {
     seen,
     startedAt,
     async stop () {
       clearInterval(timer)
+      timer = undefined
       await Promise.all(pending)
       return seen.sort((a, b) => a.at - b.at)
+    },
+    resume () {
+      timer ??= setInterval(tick, TICK_MS)
     }
   }
 }
@@ -187,11 +202,20 @@ async function failover (t: Test, clientId: string, how: 'kill' | 'pause'): Prom
       return now.length === 3 && !now.includes(victim)
     }, 30_000)
     promotedAt = performance.now() - load.startedAt
-    // Let traffic run until it has been store-only for STEADY_AFTER_MS; give up well past the bound.
-    await waitFor('decisions from the store again', async () => {
-      const last = load.seen.filter((s) => !fromStore(s)).reduce((max, s) => Math.max(max, s.at), downAt)
-      return performance.now() - load.startedAt > Math.max(last, promotedAt) + STEADY_AFTER_MS
-    }, RECOVERY_BOUND_MS + STEADY_AFTER_MS + 5_000)
+    // Let traffic run until it has been store-only for STEADY_AFTER_MS; give
+    // up well past the bound. A request still in flight may yet turn out a
+    // fallback (it answers at its deadline, after later requests did): so
+    // the traffic is stopped, every answer awaited, and the run checked on
+    // all of them; when a late one was a fallback, the traffic goes on.
+    const giveUpAt = Date.now() + RECOVERY_BOUND_MS + STEADY_AFTER_MS + 5_000
+    const steadySince = (): number => load.seen.filter((s) => !fromStore(s)).reduce((max, s) => Math.max(max, s.at), Math.max(downAt, promotedAt))
+    for (;;) {
+      await waitFor('decisions from the store again', async () => performance.now() - load.startedAt > steadySince() + STEADY_AFTER_MS, giveUpAt - Date.now())
+      const stoppedAt = performance.now() - load.startedAt
+      await load.stop()
+      if (stoppedAt > steadySince() + STEADY_AFTER_MS) break
+      load.resume()
+    }
   } finally {
     await load.stop()
   }
