@@ -1,5 +1,5 @@
-// What it costs to keep process-local caches honest across a fleet (README,
-// "Fewer round trips"), measured in one run so the figures can be compared
+// What it costs to keep process-local caches honest across a fleet (docs/guides/cluster.md,
+// "Scaling out"), measured in one run so the figures can be compared
 // as ratios:
 //
 // 1. A flood of denied requests. CLIENTS clients, each denied for an hour

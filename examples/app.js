@@ -99,8 +99,8 @@ app.post('/pay', {
 // its authentication (an API key, a session). The headers describe the
 // client's own plan: RateLimit-Limit 10 for free, 100 for pro; an internal
 // caller is not limited. The plan objects are made once, so each is
-// validated once. A client whose plan changes keeps its bucket (see "Plans
-// and tiers" in the README).
+// validated once. A client whose plan changes keeps its bucket (see
+// docs/guides/plans.md).
 const PLANS = {
   free: { capacity: 10, refillPerSecond: 1 / 6 },
   pro: { capacity: 100, refillPerSecond: 10 }

@@ -127,8 +127,9 @@ t.test('a frozen Redis receives only the breaker\'s calls; their late replies ar
   t.equal(app.tollgate.limiter.state, 'failing', 'and did not count as a recovery: they were ignored')
 
   // Each of those scripts spent a token when Redis got to it, although its
-  // request had already been answered (fail-open). That is the cost the
-  // README states, and the breaker bounds it.
+  // request had already been answered (fail-open). That is the cost
+  // docs/guides/failure-modes.md states ("Late replies are ignored, but a
+  // late script still runs"), and the breaker bounds it.
   const after = await untilStore(t, app, BREAKER.cooldownMs + TIMEOUT_MS + 500)
   const spentLate = CAPACITY - 1 - 1 - (after?.remaining ?? NaN)
   t.equal(spentLate, reached, `the late scripts spent ${spentLate} tokens: one per call that reached Redis, none for the other requests`)

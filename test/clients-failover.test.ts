@@ -12,7 +12,8 @@
 // requests time out for as long as it does: 27 s of a pause were seen), so
 // for GLIDE the paused master is resumed 2 s after the promotion, and the
 // bound is counted from then; until then the failure mode decides, within
-// the deadline, as it must (README "Redis clients").
+// the deadline, as it must (docs/guides/cluster.md,
+// "Redis clients").
 
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'

@@ -117,7 +117,7 @@ t.test('random costs and gaps: a cached denial is one Redis would give as well',
   // The cache counts on the monotonic clock, Redis on its wall clock
   // (TIME): a step forward of Redis's clock between the denial and the peek
   // makes Redis allow that much sooner, and the cache denies up to that
-  // much longer than Redis would (README, "Fewer round trips"). So the test
+  // much longer than Redis would (docs/design/algorithm.md, "When Redis's clock steps"). So the test
   // measures the two clocks against each other (TIME on its own connection,
   // between two performance.now() readings) before every consume and after
   // a peek Redis allowed, and excuses a check only by a step it measured:

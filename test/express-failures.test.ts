@@ -1,4 +1,4 @@
-// tollgate/express when the store fails (README "When Redis fails"), on a redis-server
+// tollgate/express when the store fails (docs/guides/failure-modes.md), on a redis-server
 // of the test's own: frozen (SIGSTOP), then killed and restarted, with one
 // route per failure mode, on Express 5 (the failure path is the core's,
 // shared with Express 4, whose adapter code is the same and is covered by

@@ -1,4 +1,4 @@
-// tollgate/express when a request outlives its answer (README "Shutdown (Express)":
+// tollgate/express when a request outlives its answer (docs/guides/express.md, "Shutdown (Express)":
 // "nothing a request, a response's timing or a shutdown does can crash or
 // hang the app server"), on Express 5 and Express 4, on a real Redis:
 //

@@ -1,4 +1,5 @@
-// tollgate/express bucket names (README "How it maps onto the plugin"): from the
+// tollgate/express bucket names (docs/guides/express.md, "How it maps onto
+// the plugin"): from the
 // declared mount path and route pattern, never from the URL's spelling of
 // them, on Express 5 and Express 4 (installed as `express4`), on a real
 // Redis. Attacked with case variants, percent-encoded variants, trailing

@@ -1,4 +1,4 @@
-// tollgate/express (README "Express: tollgate/express"), on a real Redis, run once against
+// tollgate/express (docs/guides/express.md), on a real Redis, run once against
 // Express 5 and once against Express 4 (installed under the alias
 // `express4`): first-call headers, exhaustion, route-pattern buckets, the
 // limiter itself as app-wide middleware (`app.use(rateLimit(...))`), the

@@ -1,4 +1,4 @@
-// README "When Redis fails", one failure at a time, each on a redis-server of its own:
+// docs/guides/failure-modes.md, one failure at a time, each on a redis-server of its own:
 // a frozen Redis under traffic (SIGSTOP), a slow one, connections dropped
 // mid-reply, refused connections, a flushed script cache, and a key of the
 // wrong type. Real Fastify apps with one route per failure mode

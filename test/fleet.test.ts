@@ -113,8 +113,8 @@ t.test('four processes on a Redis Cluster admit what one bucket allows', async (
   await fleetShares(t, 'cluster')
 })
 
-// What one server does to a bucket is what every server sees (README
-// "Fewer round trips"): a reset or a refund made on one app server reaches the denial cache
+// What one server does to a bucket is what every server sees
+// (docs/design/algorithm.md, "Resets and refunds reach every app server"): a reset or a refund made on one app server reaches the denial cache
 // and the leases of the others. A second fleet, of two processes, on
 // buckets that refill once an hour, so that a denial cached before the
 // change would otherwise hold for the rest of the hour, or of a 10-minute

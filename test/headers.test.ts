@@ -1,4 +1,4 @@
-// Rate-limit headers (README "Headers"): exact values in every mode, for a 200
+// Rate-limit headers (docs/reference/headers.md): exact values in every mode, for a 200
 // and for a 429, with one policy and with several; draft-10 values checked
 // with an RFC 9651 parser; every value, in every mode, over a sweep of
 // extreme capacities, refills and costs, parses as an integer.
@@ -47,7 +47,7 @@ function parsed (header: string | undefined): Array<[unknown, Record<string, unk
   return parseList(header).map(member)
 }
 
-/** The README's "Headers" formulas, from a decision. */
+/** The formulas of docs/reference/headers.md, from a decision. */
 const formula = {
   remaining: (d: Decision) => d.remaining,
   reset: (d: Decision) => Math.ceil(d.resetMs / 1000),

@@ -1,4 +1,4 @@
-// tollgate/hono when the store fails (README "When Redis fails"), on a redis-server
+// tollgate/hono when the store fails (docs/guides/failure-modes.md), on a redis-server
 // of the test's own: frozen (SIGSTOP), then killed and restarted, with one
 // route per failure mode, served by @hono/node-server.
 //

@@ -1,4 +1,4 @@
-// tollgate/hono (README "Hono: tollgate/hono"), on a real Redis, with every
+// tollgate/hono (docs/guides/hono.md), on a real Redis, with every
 // app served by @hono/node-server over a real socket: first-call headers,
 // exhaustion, route-pattern buckets (case and encoding variants of one
 // route share one bucket), the limiter itself as app-wide middleware, one

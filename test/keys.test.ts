@@ -1,4 +1,4 @@
-// Keys in Redis (README "Keys in Redis"): buckets per route pattern, shared buckets,
+// Keys in Redis (docs/reference/keys.md): buckets per route pattern, shared buckets,
 // hostile client ids hashed into a safe hash tag, IPv6 subnets, and the
 // client IP following Fastify's trustProxy only. lib/core/keys.ts is unit-tested
 // at the end. Replay the random part: TOLLGATE_SEED=<seed printed below>.

@@ -492,7 +492,7 @@ t.test('four limiters leasing from one bucket never admit more than capacity + r
 
 // ------------------------------------------------------------ the edges
 //
-// README "Fewer round trips": across the fleet, in ANY window of length w, a bucket
+// docs/design/algorithm.md, "Fewer round trips": across the fleet, in ANY window of length w, a bucket
 // admits at most capacity + refill x w. The checks below record when each
 // admission was seen (performance.now() as the decision resolved) and check
 // every window between two admissions, not only the total since the start.

@@ -1,4 +1,5 @@
-// Size caps of the in-process structures (README "Fewer round trips"): the in-process
+// Size caps of the in-process structures (docs/design/algorithm.md,
+// "Fewer round trips"): the in-process
 // store, the local fallback (both MemoryStore) and the denial cache keep at
 // most their cap of entries, drop the least recently used first, and a new
 // client id costs about as much when they are full as when they are not.

@@ -6,8 +6,10 @@
 // as that adapter's users would mean it (`max` is express-rate-limit's on
 // Express, @fastify/rate-limit's on Fastify) and the replacement, and no
 // hint names an option that does not exist there: an option valid only
-// elsewhere is said to be set elsewhere, in the right words. The README's
-// migration tables list every hinted name. Pure option checks: no store.
+// elsewhere is said to be set elsewhere, in the right words. The migration
+// tables (docs/guides/migrating.md) list every hinted name, and the README
+// links to each, under the name the error points to. Pure option checks: no
+// store.
 
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -23,7 +25,11 @@ type Library = 'express-rate-limit' | '@fastify/rate-limit' | 'rate-limiter-flex
 
 const base = { capacity: 5, refillPerSecond: 1, failureMode: 'open' } as const
 
-/** Every option of tollgate, by where it may be given (README "Options", "How it maps onto the plugin", "The core"). */
+/**
+ * Every option of tollgate, by where it may be given (docs/reference/options.md;
+ * docs/guides/express.md, "How it maps onto the plugin"; docs/reference/api.md,
+ * "The core, without Fastify").
+ */
 const POLICY = ['capacity', 'refillPerSecond', 'cost', 'failureMode', 'local', 'bucket', 'timeout', 'lease', 'shadow', 'lockout', 'maxWaitMs']
 const ROUTE = [...POLICY, 'key', 'headers', 'allow', 'limit', 'settle']
 const INSTANCE = ['redis', 'prefix', 'ipv6Subnet', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'warnings']
@@ -370,13 +376,13 @@ t.test('a programmatic policy with a misspelt name is refused, not merged away',
   t.match(express, { message: /did you mean `policy\.refillPerSecond`\?$/ })
 })
 
-t.test("the README's migration tables list every hinted name under its library", async (t) => {
-  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
+t.test('the migration tables list every hinted name under its library', async (t) => {
+  const guide = readFileSync(join(ROOT, 'docs', 'guides', 'migrating.md'), 'utf8')
   const table = (library: Library): string => {
-    const start = readme.indexOf(`## Migrating from ${library}\n`)
+    const start = guide.indexOf(`## Migrating from ${library}\n`)
     t.ok(start >= 0, `a "Migrating from ${library}" section`)
-    const end = readme.indexOf('\n## ', start + 1)
-    return readme.slice(start, end).split('\n').filter((l) => l.startsWith('| ')).map((l) => l.split(' | ')[0] ?? '').join('\n')
+    const end = guide.indexOf('\n## ', start + 1)
+    return guide.slice(start, end === -1 ? undefined : end).split('\n').filter((l) => l.startsWith('| ')).map((l) => l.split(' | ')[0] ?? '').join('\n')
   }
   for (const [name, hint] of Object.entries(HINTS)) {
     const libraries = typeof hint.from === 'string' ? [hint.from] : [...new Set(Object.values(hint.from))]

@@ -1,4 +1,4 @@
-// Bad input (README "Options"): every invalid option fails registration with a
+// Bad input (docs/reference/options.md): every invalid option fails registration with a
 // coded TypeError naming the option, the value and what is expected; the
 // core validates its own options and calls; a failing `key`, `cost` or
 // `allow` function is a 500 naming the route with no store call; a key of

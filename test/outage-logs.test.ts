@@ -196,6 +196,6 @@ t.test("Express: a `handler` passing the error to next() meets Express's final h
   const { statuses } = await outage(server, send)
   const answered = statuses.get(503) ?? 0
   t.ok(answered >= 20, `${answered} requests answered 503`)
-  t.equal(printed.filter((args) => /^RateLimitError: Rate limiter unavailable/.test(String(args[0]))).length, answered, 'one printed stack per 503 (README: answer them in your own error middleware)')
+  t.equal(printed.filter((args) => /^RateLimitError: Rate limiter unavailable/.test(String(args[0]))).length, answered, 'one printed stack per 503 (docs/guides/failure-modes.md: answer them in an error middleware of your own)')
   t.equal(logs.lines.length, 2, "tollgate's own lines stay two")
 })

@@ -1,5 +1,5 @@
 // A limiter that is not limiting keeps saying so, at a bounded rate
-// (README "When Redis fails"): while the store fails, one summary line per
+// (docs/guides/failure-modes.md, "Logs on state changes"): while the store fails, one summary line per
 // `outageSummaryMs` at most, with the decisions each failure mode made
 // since the last one; the start-up warning names where the client
 // connects; `limiter.state` and the metrics say 'failing' from the start.

@@ -2,10 +2,12 @@
 // a copy of the checkout, then the tarball installed into a temporary project
 // with fastify@5 and the newest ioredis. There:
 // - the install prints no peer-dependency warning;
-// - the tarball holds a LICENSE, no source maps and no `prepare` script;
-// - every README code block and a file using the public API compile under
-//   strict, exactOptionalPropertyTypes and skipLibCheck false, and mistyped
-//   policies do not (each marked line fails, and only those);
+// - the tarball holds a LICENSE, the README with the docs/ pages it links
+//   to, no source maps and no `prepare` script;
+// - every code block of the README and of the pages under docs/, and a file
+//   using the public API, compile under strict, exactOptionalPropertyTypes
+//   and skipLibCheck false, and mistyped policies do not (each marked line
+//   fails, and only those);
 // - with ioredis removed, the published types still compile;
 // - CommonJS `require('tollgate')`, `require('tollgate/express')` and
 //   `require('tollgate/hono')` work, and the plugin, the Express middleware
@@ -19,7 +21,7 @@
 //   npx), a fresh project installs the tarball with no warning at all (no
 //   EBADENGINE, no peer warning) and each adapter decides a request.
 // It needs the npm registry the first time; later runs install from the npm
-// cache (--prefer-offline). Timings of both are in the README's test section.
+// cache (--prefer-offline). Timings of both are in docs/design/testing.md.
 
 import { execFile } from 'node:child_process'
 import { existsSync } from 'node:fs'
@@ -29,7 +31,7 @@ import { delimiter, dirname, join } from 'node:path'
 import { promisify } from 'node:util'
 import t from 'tap'
 import ts from 'typescript'
-import { PRELUDE, ROOT, STRICT_OPTIONS, readmeSnippets } from './helpers/readme.js'
+import { PRELUDE, ROOT, STRICT_OPTIONS, docFiles, docSnippets } from './helpers/readme.js'
 import { redisUrl } from './helpers/redis.js'
 
 const run = promisify(execFile)
@@ -236,7 +238,7 @@ async function nodeBinary (major: string, cwd: string): Promise<string> {
   return (await run('npx', ['-y', `node@${major}`, '-p', 'process.execPath'], { cwd, env })).stdout.trim()
 }
 
-/** The README's metrics example uses these; the versions of the repo's devDependencies. */
+/** The metrics example (docs/reference/metrics.md) uses these; the versions of the repo's devDependencies. */
 const METRICS_PACKAGES = await (async () => {
   const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
   return Object.fromEntries(Object.entries(devDependencies).filter(([name]) => name.startsWith('@opentelemetry/')))
@@ -248,7 +250,7 @@ interface Project { dir: string, newest: string, tarball: string, files: string[
 async function setUp (base: string): Promise<Project> {
   const stage = join(base, 'stage')
   await mkdir(stage)
-  for (const entry of ['package.json', 'tsconfig.json', 'tsconfig.build.json', 'rollup.config.mjs', 'README.md', 'CHANGELOG.md', 'LICENSE', 'lib', 'lua']) {
+  for (const entry of ['package.json', 'tsconfig.json', 'tsconfig.build.json', 'rollup.config.mjs', 'README.md', 'docs', 'CHANGELOG.md', 'LICENSE', 'lib', 'lua']) {
     if (existsSync(join(ROOT, entry))) await cp(join(ROOT, entry), join(stage, entry), { recursive: true })
   }
   await symlink(join(ROOT, 'node_modules'), join(stage, 'node_modules'), 'dir')
@@ -317,8 +319,9 @@ t.teardown(() => rm(base, { recursive: true, force: true }))
 const project = await setUp(base)
 t.comment(`npm pack (with its build): ${project.seconds.pack.toFixed(1)} s; npm install: ${project.seconds.install.toFixed(1)} s`)
 
-t.test('the tarball: a LICENSE, the built files, no source maps, no prepare script', async (t) => {
+t.test('the tarball: a LICENSE, the documentation, the built files, no source maps, no prepare script', async (t) => {
   t.ok(project.files.includes('LICENSE'), 'LICENSE')
+  t.same(docFiles().filter((f) => !project.files.includes(f)), [], 'the README and every page under docs/ it links to')
   t.ok(project.files.includes('dist/index.js') && project.files.includes('dist/index.d.ts'), 'dist/index.js and .d.ts')
   t.ok(project.files.includes('dist/express.js') && project.files.includes('dist/express.d.ts'), 'dist/express.js and .d.ts')
   t.ok(project.files.includes('dist/hono.js') && project.files.includes('dist/hono.d.ts'), 'dist/hono.js and .d.ts')
@@ -347,14 +350,14 @@ t.test('installs next to fastify@5, express@5 and the newest ioredis without a p
   t.equal(ioredis.version, project.newest, `ioredis ${ioredis.version} installed, the newest`)
 })
 
-t.test('the README and the public API compile under strict settings; mistyped policies do not', async (t) => {
-  const snippets = Object.fromEntries(readmeSnippets().map((s) => [s.name, s.code]))
+t.test('the documentation and the public API compile under strict settings; mistyped policies do not', async (t) => {
+  const snippets = Object.fromEntries(docSnippets().map((s) => [s.name, s.code]))
   const disarmed = MISTYPED.split(MARKER).join('// (disarmed)')
   const byFile = compile(project.dir, { 'readme-prelude.ts': PRELUDE, ...snippets, 'usage.ts': USAGE, 'mistyped.ts': MISTYPED, 'disarmed.ts': disarmed })
   const disarmedFile = join(project.dir, 'src', 'disarmed.ts')
   const failing = byFile.get(disarmedFile) ?? []
   byFile.delete(disarmedFile)
-  t.same(all(byFile), [], 'README blocks, usage.ts, and mistyped.ts with its markers: no diagnostics')
+  t.same(all(byFile), [], 'the blocks of the README and docs/, usage.ts, and mistyped.ts with its markers: no diagnostics')
 
   const marked: number[] = []
   MISTYPED.split('\n').forEach((line, i) => { if (line.startsWith(MARKER)) marked.push(i + 2) })

@@ -1,12 +1,14 @@
-// The README's code, so it cannot drift from the code: every ts/js block is
-// compiled as its own module under a strict user's settings (strict,
-// exactOptionalPropertyTypes, noUncheckedIndexedAccess, skipLibCheck false)
-// with `tollgate` resolved to lib/, and the blocks marked as whole programs
-// are run against a real Redis and must exit by themselves. The markers are
-// described in test/helpers/readme.ts and in the README's test section.
+// The documentation's code, so it cannot drift from the code: every ts/js
+// block of README.md and of every page under docs/ is compiled as its own
+// module under a strict user's settings (strict, exactOptionalPropertyTypes,
+// noUncheckedIndexedAccess, skipLibCheck false) with `tollgate` resolved to
+// lib/, and the blocks marked as whole programs are run against a real Redis
+// and must exit by themselves. The markers are described in
+// test/helpers/readme.ts and in docs/design/testing.md.
 // test/package.test.ts compiles the same blocks against the packed package.
-// The curl sessions are replayed against the examples (built, from dist/)
-// and must print what the README shows.
+// The curl sessions of the Fastify, Express and Hono guides are replayed
+// against the examples (built, from dist/) and must print what the guides
+// show. test/links.test.ts checks the documentation's links.
 
 import { execFile, fork, spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
@@ -15,7 +17,7 @@ import { join, relative } from 'node:path'
 import { promisify } from 'node:util'
 import t from 'tap'
 import ts from 'typescript'
-import { PRELUDE, README, ROOT, STRICT_OPTIONS, readmeSnippets, type Snippet } from './helpers/readme.js'
+import { PRELUDE, ROOT, STRICT_OPTIONS, docFiles, docSnippets, readmeSnippets, type Snippet } from './helpers/readme.js'
 import { freePort, startRedisServer } from './helpers/redis.js'
 
 // Type-checking Fastify's and ioredis's types takes seconds on a busy machine.
@@ -31,7 +33,7 @@ function describe (d: ts.Diagnostic, snippets: Map<string, Snippet>): string {
   const { line } = d.file.getLineAndCharacterOfPosition(d.start)
   const snippet = snippets.get(d.file.fileName)
   if (snippet === undefined) return `${relative(ROOT, d.file.fileName)}:${line + 1}: ${text}`
-  return `README.md:${snippet.line + 1 + line} (${snippet.section}): ${text}`
+  return `${snippet.file}:${snippet.line + 1 + line} (${snippet.section}): ${text}`
 }
 
 /** Diagnostics of the snippet files, compiled in memory next to the tests so packages resolve as in the repo. */
@@ -93,22 +95,34 @@ async function runSnippet (snippet: Snippet, url: string): Promise<{ code: numbe
   }
 }
 
-const snippets = readmeSnippets()
+const snippets = docSnippets()
 
-t.test('the README has code to check', async (t) => {
-  t.ok(snippets.length >= 8, `${snippets.length} blocks`)
-  t.ok(snippets.some((s) => s.mode === 'run'), 'at least one whole program is run')
+t.test('the documentation has code to check', async (t) => {
+  t.ok(snippets.length >= 30, `${snippets.length} blocks`)
+  const files = new Set(snippets.map((s) => s.file))
+  t.ok(files.has('README.md'), 'the README\'s quick starts')
+  for (const dir of ['docs/guides/', 'docs/reference/']) t.ok([...files].some((f) => f.startsWith(dir)), `pages under ${dir}`)
+  // Every page with a ts/js block is read: a page the walk missed would
+  // leave its blocks unchecked.
+  const fenced = docFiles().filter((f) => /^\s*`{3,}\s*(ts|typescript|js|javascript|mjs)\s*$/m.test(readFileSync(join(ROOT, f), 'utf8')))
+  t.same(fenced.filter((f) => !files.has(f)), [], `${fenced.length} pages with code, each with blocks checked`)
+  t.equal(new Set(snippets.map((s) => s.name)).size, snippets.length, 'each block compiles as a file of its own')
+  const run = snippets.filter((s) => s.mode === 'run')
+  t.ok(run.length >= 10, `${run.length} whole programs are run`)
 })
 
-t.test('every ts/js block of the README compiles under strict settings', async (t) => {
+t.test('every ts/js block of the documentation compiles under strict settings', async (t) => {
   t.same(compileSnippets(snippets), [])
 })
 
-t.test('a mistake in a block is reported with its README line', async (t) => {
-  const broken: Snippet = { line: 10, name: 'readme-10.ts', lang: 'ts', mode: 'compile', prints: [], section: 'Broken', code: "import tollgate from 'tollgate'\n\nawait app.register(tollgate, { failureMode: 'opne' })\nexport {}\n" }
+t.test('a mistake in a block is reported with its page and line', async (t) => {
+  const code = "import tollgate from 'tollgate'\n\nawait app.register(tollgate, { failureMode: 'opne' })\nexport {}\n"
+  const broken: Snippet = { file: 'docs/guides/broken.md', line: 10, name: 'docs-guides-broken-10.ts', lang: 'ts', mode: 'compile', prints: [], section: 'Broken', code }
   const errors = compileSnippets([broken])
   t.equal(errors.length, 1, 'one error', { errors })
-  t.match(errors[0], /^README\.md:13 \(Broken\): [\s\S]*"opne"/)
+  t.match(errors[0], /^docs\/guides\/broken\.md:13 \(Broken\): [\s\S]*"opne"/)
+  const inReadme = compileSnippets([{ ...broken, file: 'README.md', name: 'readme-10.ts' }])
+  t.match(inReadme[0], /^README\.md:13 \(Broken\): /)
 })
 
 t.test('whole programs run against a real Redis and exit by themselves', async (t) => {
@@ -118,7 +132,7 @@ t.test('whole programs run against a real Redis and exit by themselves', async (
   const url = server.url
   for (const snippet of snippets.filter((s) => s.mode === 'run')) {
     const { code, output } = await runSnippet(snippet, url)
-    t.equal(code, 0, `README.md:${snippet.line} (${snippet.section}) exits 0`, { output })
+    t.equal(code, 0, `${snippet.file}:${snippet.line} (${snippet.section}) exits 0`, { output })
     for (const text of snippet.prints) t.ok(output.includes(text), `its output contains ${JSON.stringify(text)}`, { output })
   }
 })
@@ -132,6 +146,8 @@ t.test('markers', async (t) => {
     '```sh', 'npm test', '```', '```', 'plain', '```'
   ].join('\n')
   const found = readmeSnippets(text)
+  t.same(found.map((s) => [s.file, s.name]), [['README.md', 'readme-2.ts'], ['README.md', 'readme-12.ts'], ['README.md', 'readme-16.js']])
+  t.same(readmeSnippets(text, 'docs/guides/a-b.md').map((s) => s.name), ['docs-guides-a-b-2.ts', 'docs-guides-a-b-12.ts', 'docs-guides-a-b-16.js'], 'a page\'s blocks are named after its path')
   t.same(found.map((s) => [s.line, s.lang, s.mode, s.prints, s.section]), [
     [2, 'ts', 'compile', [], 'A'],
     [12, 'ts', 'run', ['hello', 'world'], 'B'],
@@ -139,21 +155,22 @@ t.test('markers', async (t) => {
   ])
   t.equal(found[2]?.code, 'const b = 2\nexport {}\n', 'indented blocks lose their indent')
   t.throws(() => readmeSnippets('<!-- snippet: maybe -->\n```ts\nx\n```'), /unknown snippet marker "maybe"/)
-  t.throws(() => readmeSnippets('```ts\nx\n'), /unclosed code block/)
+  t.throws(() => readmeSnippets('```ts\nx\n'), /^README\.md:1: unclosed code block/)
+  t.throws(() => readmeSnippets('\n<!-- snippet: maybe -->\n```ts\nx\n```', 'docs/guides/x.md'), /^docs\/guides\/x\.md:2: unknown snippet marker/)
 })
 
-/** A README curl session: its commands, what each printed, and the header lines it cuts to `…`. */
+/** A curl session of a guide: its commands, what each printed, and the header lines it cuts to `…`. */
 interface Session { commands: string[], printed: string[][], cut: string[], pasted: string[] | undefined }
 
-/** The session under `heading`: its output block (lines `$ command`, then what it printed), and the sh block before it, if any. */
-function curlSession (heading: string, text = readFileSync(README, 'utf8')): Session {
+/** The session under `heading` of the page `file`: its output block (lines `$ command`, then what it printed), and the sh block before it, if any. */
+function curlSession (file: string, heading: string, text = readFileSync(join(ROOT, file), 'utf8')): Session {
   const start = text.indexOf(`${heading}\n`)
-  if (start === -1) throw new Error(`README.md: no heading ${heading}`)
+  if (start === -1) throw new Error(`${file}: no heading ${heading}`)
   const next = text.slice(start + heading.length).search(/\n#{2,3} /)
   const section = text.slice(start, next === -1 ? undefined : start + heading.length + next)
   const blocks = [...section.matchAll(/```(\w*)\n([\s\S]*?)\n```/g)]
   const output = blocks.find((b) => b[1] === '' && (b[2] as string).startsWith('$ '))
-  if (output === undefined) throw new Error(`README.md: no session output under ${heading}`)
+  if (output === undefined) throw new Error(`${file}: no session output under ${heading}`)
   const before = section.slice(0, output.index).trimEnd()
   const cut = [...(before.slice(before.lastIndexOf('\n\n')).match(/the (`[\w-]+`(,\s+|\s+and\s+)?)+ lines/)?.[0] ?? '').matchAll(/`([\w-]+)`/g)].map((m) => m[1] as string)
   const commands: string[] = []
@@ -170,7 +187,7 @@ function curlSession (heading: string, text = readFileSync(README, 'utf8')): Ses
   return { commands, printed, cut, pasted: sh === undefined ? undefined : (sh[2] as string).split('\n') }
 }
 
-/** What a command printed, as the README shows it: line ends without \r, each run of cut header lines as one `…`. */
+/** What a command printed, as the guide shows it: line ends without \r, each run of cut header lines as one `…`. */
 function asShown (stdout: string, cut: readonly string[]): string[] {
   const lines = stdout.replace(/\r\n/g, '\n').replace(/\n$/, '').split('\n')
   const shown: string[] = []
@@ -209,21 +226,21 @@ async function startExample (file: string): Promise<{ port: number, stop: () => 
 
 // The session's numbers hold while the six requests before its `sleep 3`
 // take under 1 s together (curl takes milliseconds; only a machine over a
-// hundred times slower fails it), as the README says. The examples run on
+// hundred times slower fails it), as the Fastify guide says. The examples run on
 // the in-process store: on Redis, a reply later than their 10 ms deadline
 // (a loaded machine) is decided by their local fallback, whose smaller
 // bucket then shows in the headers. That is the failure mode at work, not
-// the README's output; the in-process store decides as the script does
+// the guide's output; the in-process store decides as the script does
 // (test/model.test.ts holds them to one model).
-const SESSIONS: Array<[string, string]> = [
-  ['## A curl session', 'examples/app.js'],
-  ['### A curl session (Express)', 'examples/express.js'],
-  ['### A curl session (Hono)', 'examples/hono.js']
+const SESSIONS: Array<[string, string, string]> = [
+  ['docs/guides/fastify.md', '## A curl session', 'examples/app.js'],
+  ['docs/guides/express.md', '## A curl session (Express)', 'examples/express.js'],
+  ['docs/guides/hono.md', '## A curl session (Hono)', 'examples/hono.js']
 ]
 
-t.test('the curl sessions print what the README shows', async (t) => {
-  for (const [heading, file] of SESSIONS) {
-    const session = curlSession(heading)
+t.test('the curl sessions print what the guides show', async (t) => {
+  for (const [page, heading, file] of SESSIONS) {
+    const session = curlSession(page, heading)
     t.ok(session.commands.length >= 5 && session.cut.length >= 3, `${heading}: ${session.commands.length} commands, cutting ${session.cut.join(', ')}`)
     if (session.pasted !== undefined) t.same(session.pasted, session.commands, `${heading}: the block to paste is the session's`)
     t.ok(session.commands.every((c) => !c.startsWith('curl') || c.startsWith('curl -s')), `${heading}: curl runs with -s`)
@@ -239,13 +256,13 @@ t.test('the curl sessions print what the README shows', async (t) => {
   }
 })
 
-t.test('a session is read from its README section', async (t) => {
+t.test('a session is read from its section of a guide', async (t) => {
   const text = [
     '## A curl session', 'Paste this:', '```sh', 'curl -si http://127.0.0.1:3000/a', '```', '',
     'What it printed (the `Date` and `Keep-Alive` lines cut to `…`):', '', '```', '$ curl -si http://127.0.0.1:3000/a', 'HTTP/1.1 200 OK', '…', '', 'ok', '```',
     '## Next'
   ].join('\n')
-  t.same(curlSession('## A curl session', text), {
+  t.same(curlSession('docs/guides/x.md', '## A curl session', text), {
     commands: ['curl -si http://127.0.0.1:3000/a'],
     printed: [['HTTP/1.1 200 OK', '…', '', 'ok']],
     cut: ['Date', 'Keep-Alive'],

@@ -1,4 +1,4 @@
-// Which routes are limited, whatever the order of declaration (README
+// Which routes are limited, whatever the order of declaration (docs/guides/fastify.md,
 // "Which routes are limited": no route of an app with `global: true` is unlimited in silence), and
 // 404s: a flood of unknown URLs spends from one bucket per client, never one
 // per URL.

@@ -3,9 +3,9 @@
 // client's address the leftmost X-Forwarded-For entry, which the client
 // writes itself: a client that rotates it gets a fresh bucket per request.
 // tollgate cannot tell a deliberate setting from a mistake, so it warns
-// once (`warnings: { trustProxy: false }` silences it) and the README
-// gives the settings for the common set-ups; these tests check those
-// settings do what the README says.
+// once (`warnings: { trustProxy: false }` silences it) and
+// docs/guides/proxies.md gives the settings for the common set-ups; these
+// tests check those settings do what that page says.
 //
 // Every request here comes from 127.0.0.1 (inject, or a loopback
 // connection): "a proxy on this host" is the one set-up a test can be.
@@ -60,7 +60,7 @@ t.test('Fastify: trustProxy: true with no proxy in front: a client rotating X-Fo
   t.match(found[0]?.msg, /Fastify's `trustProxy` trusts every address at every hop \(`trustProxy: true`\).*trust only your proxies' addresses.*warnings: \{ trustProxy: false \}/)
 })
 
-t.test("Fastify: the README's settings for a proxy on this host trust it alone", async (t) => {
+t.test("Fastify: the proxy guide's settings for a proxy on this host trust it alone", async (t) => {
   for (const trustProxy of ['127.0.0.1', ['127.0.0.1'], (address: string) => address === '127.0.0.1']) {
     const { logs, send, ip } = await fastifyApp(t, { trustProxy })
     t.equal(await rotating(send, true), 1, `${JSON.stringify(trustProxy) ?? 'a function'}: the forged entries are ignored, 1 of ${REQUESTS} passed`)
@@ -114,7 +114,7 @@ async function expressApp (t: Test, trust: unknown, options: Partial<ExpressOpti
 
 const expressWarnings = (logger: { lines: string[] }): string[] => logger.lines.filter((l) => l.includes('trusts every address at every hop'))
 
-t.test("Express: 'trust proxy' true: a rotating client passes every time, and one warning says so; the README's settings do not", async (t) => {
+t.test("Express: 'trust proxy' true: a rotating client passes every time, and one warning says so; the proxy guide's settings do not", async (t) => {
   const open = await expressApp(t, true)
   t.equal(await rotating(open.send, false), REQUESTS, `${REQUESTS} of ${REQUESTS} passed a capacity of 1`)
   t.equal(expressWarnings(open.logger).length, 1, 'one warning')

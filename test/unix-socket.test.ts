@@ -1,7 +1,7 @@
 // Fastify listening on a Unix socket: `request.ip` is undefined there. A
 // missing address is never a 500: every such request shares one client
 // identity, and one warning (logged once) says how to do better. Behind a
-// proxy on the socket, the README's `trustProxy` (the socket's peer alone)
+// proxy on the socket, docs/guides/proxies.md's `trustProxy` (the socket's peer alone)
 // keys by the address the proxy saw; `trustProxy: true` would believe what
 // the client forges.
 
@@ -76,7 +76,7 @@ t.test('requests without an address share one client identity, with one warning'
   t.equal(logs.lines.filter((l) => l.level === 50).length, 0, 'no error logged')
 })
 
-/** The README's setting behind nginx on a Unix socket: trust the socket's peer, the one hop without an address, alone. */
+/** The setting of docs/guides/proxies.md ("Unix sockets") behind nginx on a Unix socket: trust the socket's peer, the one hop without an address, alone. */
 const socketPeer = (address: string | undefined, hop: number): boolean => address === undefined && hop === 0
 
 t.test('behind a proxy on the socket, trusting the socket peer alone keys by the address the proxy saw', async (t) => {

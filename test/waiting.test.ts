@@ -95,7 +95,7 @@ for (const store of ['redis', 'memory'] as const) {
     t.teardown(() => limiter.close())
     // This process's Redis has not run the script yet: a call that meets
     // NOSCRIPT is sent again as EVAL, and a later call's EVALSHA can reach
-    // Redis first (README "Waiting"). Load it before the calls whose order
+    // Redis first (docs/guides/shadow-lockouts-waiting.md, "Waiting"). Load it before the calls whose order
     // is checked.
     await limiter.consume('worker', { ...paced, bucket: 'load-the-script' })
     const started = performance.now()

@@ -1,6 +1,7 @@
 // Tells every app server of a fleet about the resets and refunds made on
 // any of them, so that no process-local cache (cached denials, leases)
-// outlives a change made elsewhere (README "Fewer round trips").
+// outlives a change made elsewhere (docs/design/algorithm.md, "Resets and refunds reach every
+// app server").
 //
 // How: Redis pub/sub, one channel per key prefix (`<prefix>:changes`).
 // Once Redis has applied a reset or a refund, the server that made it

@@ -52,7 +52,7 @@ export interface GiveBack {
  * usable part: the decayed rest has come back by refill already.
  *
  * Proof that the fleet admits at most capacity + refill x w in any window
- * of length w (README "Fewer round trips"). Let B be the bucket's tokens in Redis and
+ * of length w (docs/design/algorithm.md, "Leases"). Let B be the bucket's tokens in Redis and
  * U_i the usable tokens of lease i, held anywhere in the fleet, taken by a
  * script that ran at r_i; V = B + sum of U_i.
  * (a) V grows only by refill. A refill raises B by at most refill per
@@ -84,7 +84,7 @@ export interface GiveBack {
  * Timing: an admission by Redis happens when its script runs, somewhere
  * in the round trip; seen from the app, a window may hold one round trip
  * of refill more. A refused give-back and the decay cost under-admission
- * only, measured in README.md ("Fewer round trips").
+ * only, measured in docs/design/algorithm.md ("Leases").
  *
  * With the denial cache on, a client that a lease call denies is denied in
  * this process until a whole batch (`tokens`) could be taken, not just its
@@ -272,7 +272,7 @@ interface Queue {
  * this server holds usable tokens of the bucket.
  *
  * Each waiter has its own deadline, `timeoutMs` from its arrival, and then
- * follows its failure mode (README "When Redis fails"). A batch that lands after the
+ * follows its failure mode (docs/guides/failure-modes.md). A batch that lands after the
  * request that asked for it left, with nobody else waiting, is kept for the
  * next requests; one whose call missed its deadline is given back as soon
  * as it lands. close() waits for the calls in flight and gives everything

@@ -7,7 +7,7 @@
 // through the `metrics` option, typed by the members used (MetricsMeter),
 // so nothing is loaded or recorded unless that option is set; without it
 // the limiter holds no Metrics and the hot path pays one `undefined` check
-// per decision and per store call (measured in the README's "Metrics").
+// per decision and per store call (measured in docs/reference/metrics.md).
 //
 // Attributes are bounded: bucket names come from routes and policies, never
 // from client keys. A decision of several policies is counted once, under

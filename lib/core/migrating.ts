@@ -15,7 +15,8 @@
 // `headers` (its old boolean); their checks add the hints below.
 // hono-rate-limiter takes express-rate-limit's names, so Hono's users are
 // answered as Express's are, with Hono's own handler and context. The
-// README's "Migrating from ..." sections hold the same tables.
+// "Migrating from ..." sections of docs/guides/migrating.md hold the same
+// tables (the README links to each under the name the messages give).
 
 export type Adapter = 'fastify' | 'express' | 'hono' | 'core'
 type Library = 'express-rate-limit' | '@fastify/rate-limit' | 'rate-limiter-flexible'

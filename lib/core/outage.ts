@@ -1,4 +1,4 @@
-// What an operator hears while the store fails (README "When Redis fails").
+// What an operator hears while the store fails (docs/guides/failure-modes.md).
 //
 // A limiter whose store fails is not limiting, or limits only by its
 // failure modes: it must keep saying so, but never with a line per

@@ -132,7 +132,7 @@ export interface MetricsMeter {
   createHistogram (name: string, options?: InstrumentOptions): { record (value: number, attributes?: MetricAttributes): void }
 }
 
-/** OpenTelemetry metrics of one limiter (README "Metrics" lists the instruments). */
+/** OpenTelemetry metrics of one limiter (docs/reference/metrics.md lists the instruments). */
 export interface MetricsOptions {
   meter: MetricsMeter
 }

@@ -1,4 +1,4 @@
-// The rate-limit headers (README "Headers"), for any framework: they are written
+// The rate-limit headers (docs/reference/headers.md), for any framework: they are written
 // through a sink, `set(target, name, value)`, which each adapter gives (a
 // Fastify reply's `header`, a Node response's `setHeader`). A sink that
 // takes its target, rather than a closure over it, costs no allocation per

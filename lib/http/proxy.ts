@@ -1,7 +1,7 @@
 // Which proxies to believe, for a framework that has no setting of its own
 // (Hono): the client of a request is the socket's peer, or, when that peer
 // is a trusted proxy, the address it appended to X-Forwarded-For, and so on
-// from the right over every trusted hop (README "Behind a proxy").
+// from the right over every trusted hop (docs/guides/proxies.md).
 //
 // The setting takes the values of Express's 'trust proxy', with its
 // meaning, so that one table of set-ups serves both: `false` (no proxy,

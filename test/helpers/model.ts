@@ -1,4 +1,4 @@
-// A reference token bucket, written from the definition in the README ("How the algorithm works") and
+// A reference token bucket, written from the definition in docs/design/algorithm.md and
 // nothing else, plus direct runners for lua/token-bucket.lua and lua/lease.lua
 // (no lib code in between), a seeded random generator, and small helpers
 // shared by the tests of the scripts, the model, leases and the denial cache.

@@ -2,8 +2,9 @@
 // clock and fake timers: nothing here needs Redis or waits for real time.
 // The store's arithmetic is the script's (test/model.test.ts holds them to
 // each other on a real Redis); what this file checks is the wiring: every
-// path of the core reads the injected time, and the promises of the
-// README hold on it for any window, not only the total since start.
+// path of the core reads the injected time, and the promises of
+// docs/design/algorithm.md hold on it for any window, not only the total
+// since start.
 
 import t from 'tap'
 import { createCore } from '../../lib/core/limiter.js'

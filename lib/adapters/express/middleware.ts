@@ -43,8 +43,8 @@
 // answered as denied, so `server.close()` is not held for up to
 // `maxWaitMs`; and every answer tollgate gives from then on says
 // `Connection: close`, since server.close() waits for keep-alive
-// connections that were busy when it was called (README "Express",
-// "Shutdown").
+// connections that were busy when it was called (docs/guides/express.md,
+// "Shutdown (Express)").
 
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from '../../core/errors.js'
@@ -136,7 +136,7 @@ export interface ExpressOptions extends ExpressPolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
-  /** OpenTelemetry metrics, off unless set: `{ meter }` (README "Metrics"). */
+  /** OpenTelemetry metrics, off unless set: `{ meter }` (docs/reference/metrics.md). */
   metrics?: MetricsOptions | undefined
   /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */
   maxWaiters?: number | undefined

@@ -51,7 +51,7 @@ export interface RoutePolicy<RouteGeneric extends RouteGenericInterface = RouteG
    * refunded or charged. One per route.
    */
   settle?(request: FastifyRequest<RouteGeneric>, reply: FastifyReply): number | Promise<number>
-  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  /** Shadow mode: decided and counted as usual, never refuses (docs/guides/shadow-lockouts-waiting.md). */
   shadow?: boolean | undefined
   /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
   lockout?: Lockout | undefined
@@ -135,7 +135,7 @@ export interface ProgrammaticPolicy {
   local?: LocalPolicy | undefined
   timeout?: number | undefined
   lease?: { tokens: number, maxAgeMs: number } | undefined
-  /** Shadow mode: decided and counted as usual, never refuses (see the README). */
+  /** Shadow mode: decided and counted as usual, never refuses (docs/guides/shadow-lockouts-waiting.md). */
   shadow?: boolean | undefined
   /** Block the client for `forMs` after `after` denials within `withinMs` of the first. Single-policy limits only. */
   lockout?: Lockout | undefined

@@ -37,7 +37,8 @@
 // answered as denied, so `server.close()` is not held for up to
 // `maxWaitMs`; and every answer tollgate gives from then on says
 // `Connection: close`, since server.close() waits for keep-alive
-// connections that were busy when it was called (README "Hono").
+// connections that were busy when it was called (docs/guides/hono.md,
+// "Shutdown (Hono)").
 
 import type { ServerResponse } from 'node:http'
 import { getConnInfo } from '@hono/node-server/conninfo'
@@ -143,14 +144,14 @@ export interface HonoOptions extends HonoPolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
-  /** OpenTelemetry metrics, off unless set: `{ meter }` (README "Metrics"). */
+  /** OpenTelemetry metrics, off unless set: `{ meter }` (docs/reference/metrics.md). */
   metrics?: MetricsOptions | undefined
   /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */
   maxWaiters?: number | undefined
   /**
    * Which proxies in front of the app to believe (default false: the
-   * client is the socket's peer): Express's 'trust proxy' values (README
-   * "Behind a proxy").
+   * client is the socket's peer): Express's 'trust proxy' values
+   * (docs/guides/proxies.md, docs/guides/hono.md "How it maps onto Express's").
    */
   trustProxy?: TrustProxy | undefined
   /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
