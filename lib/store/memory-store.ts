@@ -61,8 +61,14 @@ export class MemoryStore {
       const step = 1e6 / spec.refillPerSecond
       const window = spec.capacity * step
       // As in the script: a full-at time more than one window ahead (a clock
-      // that stepped back) reads as an empty bucket, never as a longer wait.
-      const busy = Math.min(window, Math.max(0, (this.#fullAt.get(spec.key) ?? now) - now))
+      // that stepped back, a plan downgraded to a smaller window) reads as an
+      // empty bucket, never as a longer wait, and a consume writes it back so,
+      // whatever it decides: the bucket refills from there.
+      let busy = Math.max(0, (this.#fullAt.get(spec.key) ?? now) - now)
+      if (busy > window) {
+        busy = window
+        if (consume) this.#fullAt.set(spec.key, now + Math.ceil(window))
+      }
       const over = busy + spec.cost * step - window
       if (over > 0) {
         allowed = false

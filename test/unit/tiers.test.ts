@@ -123,13 +123,12 @@ t.test('a plan change keeps the bucket: the time until full is kept, read under 
   t.match(down, { allowed: false, retryAfterMs: 10_000 }, 'one free token, not the rest of the pro usage')
 })
 
-// Known bug, marked todo: lua/token-bucket.lua writes the clamped full-at
-// time back on a consume (PSETEX to now + one window) even when it denies,
-// so after a downgrade the client is one free token away, as the denial
-// says. The in-process store (lib/store/memory-store.ts decideSync) writes
-// nothing on a denial: the old full-at time stays, and the client is told
-// "retry in 10 s" at 0, 10, 20 and 30 s, allowed only at 40 s.
-t.test('after a downgrade, the retry the denial named is allowed', { todo: 'the in-process store does not write back the clamp on a denied consume, as the script does' }, async (t) => {
+// lua/token-bucket.lua writes the clamped full-at time back on a consume
+// (PSETEX to now + one window) even when it denies, so after a downgrade
+// the client is one free token away, as the denial says; the in-process
+// store does the same (before it wrote nothing on a denial, and the client
+// was told "retry in 10 s" at 0, 10, 20 and 30 s, allowed only at 40 s).
+t.test('after a downgrade, the retry the denial named is allowed', async (t) => {
   const time = new FakeTime()
   const { limiter } = createCore({}, time)
   t.teardown(() => limiter.close())
