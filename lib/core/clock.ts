@@ -27,5 +27,7 @@ export const realTime: Time = {
   now: () => performance.now(),
   micros: () => Math.floor((performance.timeOrigin + performance.now()) * 1000),
   set: (fn, ms) => setTimeout(fn, ms),
+  // `handle` is what `set` above returned, a Node timer: Time types it
+  // unknown so that a test's Time may use handles of its own.
   clear: (handle) => { clearTimeout(handle as ReturnType<typeof setTimeout>) }
 }

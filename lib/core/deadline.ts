@@ -62,10 +62,10 @@ export class Deadlines {
 
   /** Ends a call's deadline: true if it was still running, false if it had expired (ignore the late result). */
   settle (deadline: Deadline): boolean {
-    const entry = deadline as Entry
-    if (entry.expire === undefined) return false
-    entry.expire = undefined
-    if (entry.queue !== undefined) unlink(entry, entry.queue)
+    // Every Deadline is an Entry, made by start().
+    if (!(deadline instanceof Entry) || deadline.expire === undefined) return false
+    deadline.expire = undefined
+    if (deadline.queue !== undefined) unlink(deadline, deadline.queue)
     return true
   }
 

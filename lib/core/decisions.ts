@@ -13,26 +13,37 @@ import type { Decision, DecisionSource, Policy } from './types.js'
  */
 export function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
   const decisions: Decision[] = []
-  let binding = 0
   for (let i = 0; i < list.length; i++) {
-    const policy = list[i] as Policy
-    const bucket = reply.buckets[i] as StoreReply['buckets'][number]
-    const decision: Decision = {
-      allowed: bucket.waitUs === 0,
-      limit: policy.capacity,
-      remaining: wholeTokens(bucket.remaining),
-      resetMs: bucket.fullInUs / 1000,
-      retryAfterMs: bucket.waitUs / 1000,
-      source,
-      bucket: policy.bucket
+    const policy = list[i]
+    const bucket = reply.buckets[i]
+    // A reply has one bucket per policy, in order: both are always there.
+    if (policy !== undefined && bucket !== undefined) {
+      decisions.push({
+        allowed: bucket.waitUs === 0,
+        limit: policy.capacity,
+        remaining: wholeTokens(bucket.remaining),
+        resetMs: bucket.fullInUs / 1000,
+        retryAfterMs: bucket.waitUs / 1000,
+        source,
+        bucket: policy.bucket
+      })
     }
-    decisions.push(decision)
-    const best = decisions[binding] as Decision
-    if (reply.allowed ? decision.remaining < best.remaining : decision.retryAfterMs > best.retryAfterMs) binding = i
   }
-  const chosen = decisions[binding] as Decision
+  // A list holds at least one policy (createLimiter refuses an empty one),
+  // so reduce has a first decision to start from.
+  const chosen = decisions.reduce(reply.allowed ? fewestLeft : longestWait)
   if (decisions.length === 1) return chosen
   return { ...chosen, allowed: reply.allowed, policies: decisions }
+}
+
+/** The binding of two allowed decisions: the fewer left; on a tie, the earlier. */
+function fewestLeft (best: Decision, next: Decision): Decision {
+  return next.remaining < best.remaining ? next : best
+}
+
+/** The binding of two denials: the longer wait; on a tie, the earlier. */
+function longestWait (best: Decision, next: Decision): Decision {
+  return next.retryAfterMs > best.retryAfterMs ? next : best
 }
 
 /** The decision of a store that did not answer, failing open or closed. */
@@ -46,7 +57,10 @@ export function failed (list: readonly Policy[], source: 'fail-open' | 'fail-clo
     source,
     bucket: policy.bucket
   }))
-  const chosen = decisions.find((_, i) => source === 'fail-open' || (list[i] as Policy).failureMode === 'closed') as Decision
+  // The first that fails this way binds: any for fail-open, a 'closed' one
+  // for fail-closed. Found in both: a list is never empty, and fallbackOf
+  // closes one only if it holds a 'closed' policy.
+  const chosen = decisions.find((_, i) => source === 'fail-open' || list[i]?.failureMode === 'closed') as Decision
   return decisions.length === 1 ? chosen : { ...chosen, policies: decisions }
 }
 
@@ -66,11 +80,14 @@ export function fallbackOf (list: readonly Policy[], specs: readonly BucketSpec[
   const localList: Policy[] = []
   const localSpecs: BucketSpec[] = []
   for (let i = 0; i < list.length; i++) {
-    const policy = list[i] as Policy
-    if (policy.failureMode !== 'local' || policy.local === undefined) continue
-    const { capacity, refillPerSecond } = policy.local
-    localList.push({ ...policy, capacity, refillPerSecond })
-    localSpecs.push({ key: (specs[i] as BucketSpec).key, capacity, refillPerSecond, cost: (specs[i] as BucketSpec).cost })
+    const policy = list[i]
+    const spec = specs[i]
+    // One spec per policy, in order: `spec` is always there.
+    if (policy?.failureMode === 'local' && policy.local !== undefined && spec !== undefined) {
+      const { capacity, refillPerSecond } = policy.local
+      localList.push({ ...policy, capacity, refillPerSecond })
+      localSpecs.push({ key: spec.key, capacity, refillPerSecond, cost: spec.cost })
+    }
   }
   return localList.length === 0 ? { mode: 'fail-open' } : { mode: 'local', list: localList, specs: localSpecs }
 }

@@ -130,7 +130,9 @@ export class DenialCache {
    */
   forget (key: string): void {
     const gone: string[] = []
-    for (const id of this.#entries.keys() as IterableIterator<string>) {
+    // toad-cache types its keys `any`: they are the ids set here, strings.
+    const ids: Iterable<string> = this.#entries.keys()
+    for (const id of ids) {
       if (id === key || id.startsWith(key + '\n') || id.endsWith('\n' + key) || id.includes('\n' + key + '\n')) gone.push(id)
     }
     this.#entries.deleteMany(gone)
@@ -148,9 +150,10 @@ export class DenialCache {
 function covers (denied: readonly BucketSpec[], asked: readonly BucketSpec[]): boolean {
   if (denied.length !== asked.length) return false
   for (let i = 0; i < asked.length; i++) {
-    const d = denied[i] as BucketSpec
-    const a = asked[i] as BucketSpec
-    if (a.key !== d.key || a.capacity !== d.capacity || a.refillPerSecond !== d.refillPerSecond || a.cost < d.cost) return false
+    const d = denied[i]
+    const a = asked[i]
+    // Both lists are as long: `a` and `d` are always there.
+    if (a === undefined || d === undefined || a.key !== d.key || a.capacity !== d.capacity || a.refillPerSecond !== d.refillPerSecond || a.cost < d.cost) return false
   }
   return true
 }

@@ -144,7 +144,7 @@ export class Invalidations {
       return
     }
     if (typeof parsed !== 'object' || parsed === null) return
-    const { from, reset, refund } = parsed as Record<string, unknown>
+    const { from, reset, refund }: { from?: unknown, reset?: unknown, refund?: unknown } = parsed
     if (from === this.#id) return
     const at = this.#clock()
     if (isKeys(reset)) for (const key of reset) this.#handlers.reset(key, at)

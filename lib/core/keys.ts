@@ -44,16 +44,20 @@ export function ipIdentity (ip: string, subnet: number): string {
   if (lower.startsWith('::ffff:') && lower.includes('.')) return lower.slice(7)
   if (!isIPv6(lower)) return ip
   const groups = expandIPv6(lower)
-  if (groups[5] === 0xffff && groups.slice(0, 5).every((g) => g === 0)) {
-    const high = groups[6] as number
-    const low = groups[7] as number
+  const high = groups[6]
+  const low = groups[7]
+  // isIPv6 held: the eight groups are there.
+  if (groups[5] === 0xffff && groups.slice(0, 5).every((g) => g === 0) && high !== undefined && low !== undefined) {
     return `${high >> 8}.${high & 0xff}.${low >> 8}.${low & 0xff}`
   }
   const out: string[] = []
   for (let i = 0; i < 8; i++) {
-    const keep = Math.max(0, Math.min(16, subnet - 16 * i))
-    const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
-    out.push(((groups[i] as number) & mask).toString(16))
+    const group = groups[i]
+    if (group !== undefined) {
+      const keep = Math.max(0, Math.min(16, subnet - 16 * i))
+      const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
+      out.push((group & mask).toString(16))
+    }
   }
   return out.join(':')
 }
@@ -65,8 +69,9 @@ function expandIPv6 (ip: string): number[] {
   // A trailing dotted IPv4 part stands for the last two groups.
   const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(text)
   if (dotted !== null) {
-    const [a, b, c, d] = dotted.slice(1).map(Number) as [number, number, number, number]
-    text = text.slice(0, dotted.index) + ((a << 8) | b).toString(16) + ':' + ((c << 8) | d).toString(16)
+    const high = (Number(dotted[1]) << 8) | Number(dotted[2])
+    const low = (Number(dotted[3]) << 8) | Number(dotted[4])
+    text = text.slice(0, dotted.index) + high.toString(16) + ':' + low.toString(16)
   }
   const [head = '', tail] = text.split('::')
   const left = head === '' ? [] : head.split(':')

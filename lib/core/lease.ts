@@ -168,7 +168,10 @@ export class LeaseBook {
     const lease = leaseOf(spec, reply, sentAt, reply.taken - spent)
     this.#leases.delete(spec.key)
     this.#leases.set(spec.key, lease)
-    if (this.#leases.size > this.#maxKeys) this.#leases.delete(this.#leases.keys().next().value as string)
+    if (this.#leases.size > this.#maxKeys) {
+      const oldest = this.#leases.keys().next()
+      if (oldest.done !== true) this.#leases.delete(oldest.value)
+    }
   }
 
   /** What to give back of a batch that arrived after every request waiting for it had left. */
@@ -246,6 +249,8 @@ export interface LeaseCalls {
 
 interface Waiter {
   request: LeaseRequest
+  /** The request's one bucket. */
+  spec: BucketSpec
   resolve: (decision: Decision | undefined) => void
   /** Answered, or its deadline passed (it follows its failure mode): takes nothing more. */
   done: boolean
@@ -296,19 +301,20 @@ export class LeaseFlights {
 
   /** Decides a request through its bucket's queue; undefined when the store failed or its deadline passed. */
   async decide (request: LeaseRequest): Promise<Decision | undefined> {
-    const key = (request.specs[0] as BucketSpec).key
-    let queue = this.#queues.get(key)
-    if (queue === undefined) this.#queues.set(key, queue = { waiting: [], flying: false })
-    let waiter: Waiter | undefined
-    const answer = new Promise<Decision | undefined>((resolve) => {
-      waiter = { request, resolve, done: false }
-    })
-    queue.waiting.push(waiter as Waiter)
-    this.#pump(key)
+    // The limiter leases for single-policy requests only: `specs` holds
+    // exactly one bucket (LeaseRequest), which the type does not say.
+    const spec = request.specs[0] as BucketSpec
+    let queue = this.#queues.get(spec.key)
+    if (queue === undefined) this.#queues.set(spec.key, queue = { waiting: [], flying: false })
+    // `resolve` is replaced at once: a promise's executor runs synchronously.
+    const waiter: Waiter = { request, spec, resolve: ignore, done: false }
+    const answer = new Promise<Decision | undefined>((resolve) => { waiter.resolve = resolve })
+    queue.waiting.push(waiter)
+    this.#pump(spec.key, queue)
     try {
       return await this.#deadlines.wrap(answer, request.timeoutMs)
     } catch {
-      (waiter as Waiter).done = true
+      waiter.done = true
       return undefined
     }
   }
@@ -322,8 +328,8 @@ export class LeaseFlights {
     this.#closing = false
   }
 
-  #pump (key: string): void {
-    const queue = this.#queues.get(key) as Queue
+  /** `queue` is the bucket's, in #queues: it stays there while a call is in flight. */
+  #pump (key: string, queue: Queue): void {
     if (queue.flying) return
     queue.waiting = queue.waiting.filter((waiter) => !waiter.done && !this.#answer(waiter))
     const head = queue.waiting[0]
@@ -338,16 +344,16 @@ export class LeaseFlights {
   }
 
   #answer (waiter: Waiter): boolean {
-    const { policy, lease, specs } = waiter.request
-    const decision = this.#book.spend(policy, specs[0] as BucketSpec, lease.maxAgeMs) ?? this.#calls.denied(waiter.request)
+    const { policy, lease } = waiter.request
+    const decision = this.#book.spend(policy, waiter.spec, lease.maxAgeMs) ?? this.#calls.denied(waiter.request)
     if (decision !== undefined) waiter.resolve(decision)
     return decision !== undefined
   }
 
   #send (key: string, queue: Queue, head: Waiter): void {
-    const spec = head.request.specs[0] as BucketSpec
+    const spec = head.spec
     let demand = 0
-    for (const waiter of queue.waiting) demand += (waiter.request.specs[0] as BucketSpec).cost
+    for (const waiter of queue.waiting) demand += waiter.spec.cost
     // Never below the cost (lua/lease.lua's most >= least): a shadow policy's
     // cost may exceed its capacity, and then no batch pays it.
     const most = Math.max(spec.cost, Math.min(spec.capacity, Math.max(head.request.lease.tokens, demand)))
@@ -365,12 +371,12 @@ export class LeaseFlights {
 
   #landed (key: string, queue: Queue, head: Waiter, reply: LeaseReply, sentAt: number): void {
     queue.flying = false
-    const spec = head.request.specs[0] as BucketSpec
+    const spec = head.spec
     if (reply.taken > 0) this.#book.add(spec, reply, sentAt, head.done ? 0 : spec.cost)
     const decision = this.#calls.decide(head.request, reply, sentAt)
     head.resolve(decision)
     head.done = true
-    this.#pump(key)
+    this.#pump(key, queue)
     if (this.#closing) this.#giveBack(this.#book.release(key), head.request.timeoutMs)
   }
 
@@ -380,16 +386,16 @@ export class LeaseFlights {
     head.done = true
     // The call may still run in Redis and its reply come late: nobody
     // waits for that batch any more.
-    const spec = head.request.specs[0] as BucketSpec
+    const spec = head.spec
     raw?.then((reply) => {
       if (reply.taken > 0) this.#giveBack(this.#book.unclaimed(spec, reply, sentAt), head.request.timeoutMs)
-    }, () => {})
-    this.#pump(key)
+    }, ignore)
+    this.#pump(key, queue)
   }
 
   #giveBack (back: GiveBack | undefined, timeoutMs: number): void {
     if (back === undefined || back.tokens <= 0) return
-    this.#track(this.#calls.take({ ...back.spec, cost: 0 }, 0, back, timeoutMs, () => {}).catch(() => {}))
+    this.#track(this.#calls.take({ ...back.spec, cost: 0 }, 0, back, timeoutMs, ignore).catch(ignore))
   }
 
   #track (promise: Promise<unknown>): void {
@@ -397,3 +403,6 @@ export class LeaseFlights {
     void promise.finally(() => this.#pending.delete(promise))
   }
 }
+
+/** Does nothing: a callback whose call has nothing to do. */
+function ignore (): void {}

@@ -35,9 +35,12 @@ export class Marks {
     this.#at.delete(key)
     this.#at.set(key, at)
     if (this.#at.size <= this.#max) return
-    const [oldest, when] = this.#at.entries().next().value as [string, number]
-    this.#at.delete(oldest)
-    if (when > this.#floor) this.#floor = when
+    const oldest = this.#at.entries().next()
+    if (oldest.done !== true) {
+      const [key, when] = oldest.value
+      this.#at.delete(key)
+      if (when > this.#floor) this.#floor = when
+    }
   }
 
   /** Every key may have changed until `at` (changes this process did not hear of). */

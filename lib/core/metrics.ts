@@ -117,10 +117,11 @@ export class Metrics implements GuardObserver {
 
   /** The limiter is closed: its breaker and its store leave the counts. */
   close (): void {
-    if (this.#state === undefined) return
+    // Both are set together, and cleared together here.
+    if (this.#state === undefined || this.#storeState === undefined) return
     this.#breakers.add(-1, { state: this.#state })
     this.#state = undefined
-    this.#stores.add(-1, { state: this.#storeState as StoreState })
+    this.#stores.add(-1, { state: this.#storeState })
     this.#storeState = undefined
   }
 }

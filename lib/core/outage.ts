@@ -109,7 +109,8 @@ export class OutageLog {
     this.#periodFrom = this.#since
     if (noScripts) this.#tellNoScripts(err)
     else this.#logger?.warn({ err, ...this.#target }, message ?? 'rate limit store failing; limits follow their failure modes')
-    this.#timer = this.#timers.every(this.#summaryMs, () => { this.#summarize() })
+    const since = this.#since
+    this.#timer = this.#timers.every(this.#summaryMs, () => { this.#summarize(since) })
     return true
   }
 
@@ -152,7 +153,8 @@ export class OutageLog {
       `rate limit store cannot run tollgate's scripts (${messageOf(err.cause)}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
   }
 
-  #summarize (): void {
+  /** `since`: when the store started failing (the timer runs only until it recovers). */
+  #summarize (since: number): void {
     const now = this.#clock()
     const decisions = this.#period
     const periodMs = now - this.#periodFrom
@@ -160,7 +162,7 @@ export class OutageLog {
     this.#periodFrom = now
     const count = total(decisions)
     if (count === 0) return
-    const line = { err: this.#lastError, ...this.#target, downMs: now - (this.#since as number), periodMs, decisions }
+    const line = { err: this.#lastError, ...this.#target, downMs: now - since, periodMs, decisions }
     const message = `rate limit store still failing: ${count} decision(s) made without it in the last ${Math.round(periodMs / 1000)} s; limits follow their failure modes`
     if (this.#noScripts) this.#logger?.error(line, message)
     else this.#logger?.warn(line, message)

@@ -13,7 +13,8 @@ import type { Logger } from './types.js'
 export const WARNING_TYPE = 'TollgateWarning'
 
 function emit (obj: object, msg: string): void {
-  const err = (obj as { err?: unknown }).err
+  // Any object's `err`, if it has one, is of a type unknown here.
+  const { err }: { err?: unknown } = obj
   const detail = err instanceof Error ? err.message : undefined
   process.emitWarning(`tollgate: ${msg}`, detail === undefined ? { type: WARNING_TYPE } : { type: WARNING_TYPE, detail })
 }

@@ -11,5 +11,5 @@ import type { Decision, Policy } from '../core/types.js'
 export function shownDecision (decision: Decision, list: readonly Policy[]): Decision {
   const all = decision.policies
   if (all === undefined || !list.some((p) => p.shadow === true)) return decision
-  return { ...decision, policies: all.filter((_, i) => (list[i] as Policy).shadow !== true) }
+  return { ...decision, policies: all.filter((_, i) => list[i]?.shadow !== true) }
 }

@@ -127,7 +127,9 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
     set(target, 'ratelimit-limit', limitShown(decision.limit))
     set(target, 'ratelimit-remaining', remainingShown(decision))
     set(target, 'ratelimit-reset', resetSeconds(decision.resetMs))
-    set(target, 'ratelimit-policy', policies.single(decision) as string)
+    // A decision's bucket is one of the policies the headers were built from: always found.
+    const policy = policies.single(decision)
+    if (policy !== undefined) set(target, 'ratelimit-policy', policy)
   } else if (mode === 'draft-10') {
     set(target, 'ratelimit-policy', policies.list(decision))
     const all = decision.policies ?? [decision]

@@ -13,7 +13,7 @@
 // Fastify's own settings are compiled with.
 
 import proxyaddr from '@fastify/proxy-addr'
-import { optionError } from '../core/errors.js'
+import { messageOf, optionError } from '../core/errors.js'
 import { PROBE_HOPS, trustsEveryHop } from './setup.js'
 
 /** The `trustProxy` option: Express's 'trust proxy' values. */
@@ -35,6 +35,9 @@ export function compileTrust (value: unknown, name = 'trustProxy'): Trust | unde
   const expected = "false, true, a hop count (an integer >= 0), addresses or subnets (a string, comma-separated, or an array of them; 'loopback', 'linklocal', 'uniquelocal'), or a function (address, hop) => boolean"
   if (value === false || value === undefined || value === 0) return undefined
   if (value === true) return () => true
+  // The app's function and proxy-addr's compiled one are taken at the
+  // signature the option declares; proxy-addr's types omit the undefined
+  // address of a socket without one, which it handles.
   if (typeof value === 'function') return value as Trust
   if (typeof value === 'number') {
     if (!Number.isInteger(value) || value < 0) throw optionError(name, value, expected)
@@ -45,7 +48,7 @@ export function compileTrust (value: unknown, name = 'trustProxy'): Trust | unde
   try {
     return proxyaddr.compile(list) as Trust
   } catch (err) {
-    throw optionError(name, value, `${expected}: ${(err as Error).message}`)
+    throw optionError(name, value, `${expected}: ${messageOf(err)}`)
   }
 }
 
@@ -61,6 +64,7 @@ export function trustsAll (trust: Trust): boolean {
  */
 export function clientAddress (socket: string | undefined, forwardedFor: string | undefined, trust: Trust): string | undefined {
   if (forwardedFor === undefined) return socket
+  // proxy-addr reads only these two fields of the IncomingMessage its types ask for.
   const request = { socket: { remoteAddress: socket }, headers: { 'x-forwarded-for': forwardedFor } }
   return proxyaddr(request as never, trust as (addr: string, i: number) => boolean)
 }

@@ -128,6 +128,7 @@ function isPlainObject (value: unknown): boolean {
 /** The bucket a policy names for itself (the first policy's, or the options'), if any. */
 function namedBucket (config: unknown, defaults: Defaults): string | undefined {
   const first: unknown = Array.isArray(config) ? config[0] : config
+  // A name only: compileRoute parses the policy right after and refuses a bucket that is not a string.
   return (isRecord(first) ? first.bucket as string | undefined : undefined) ?? defaults.bucket as string | undefined
 }
 

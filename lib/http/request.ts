@@ -30,7 +30,7 @@ import { costBound, maxCost } from '../core/policy.js'
 import { shownDecision } from './answer.js'
 import type { RequestFn, RouteLimit } from './route.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
-import type { Decision, Policy } from '../core/types.js'
+import type { Decision } from '../core/types.js'
 
 /** The client identity of requests without an address (as on a Unix socket). */
 export const NO_ADDRESS = 'no-address'
@@ -71,7 +71,7 @@ export interface Decided<Req> {
 }
 
 /** Decides requests: identity, plan, costs, one store decision. */
-export class RequestLayer<Req> {
+export class RequestLayer<Req extends object> {
   readonly #core: Core
   readonly #subnet: number
   readonly #side: RequestSide<Req>
@@ -90,15 +90,16 @@ export class RequestLayer<Req> {
       if (skip instanceof Promise) skip = await skip
       if (skip === true) return undefined
     }
-    let client: unknown
+    let client: string
     if (limit.key === undefined) {
       client = this.#address(request)
     } else {
-      client = run(limit, 'key', limit.key, request, this.#side)
-      if (client instanceof Promise) client = await client
-      if (typeof client !== 'string' || client.length === 0) {
-        throw this.#side.badInput(limit.name, `\`key\` must return a non-empty string, got ${describe(client)}`)
+      let value = run(limit, 'key', limit.key, request, this.#side)
+      if (value instanceof Promise) value = await value
+      if (typeof value !== 'string' || value.length === 0) {
+        throw this.#side.badInput(limit.name, `\`key\` must return a non-empty string, got ${describe(value)}`)
       }
+      client = value
     }
     if (limit.tiers !== undefined) {
       const chosen = await limit.tiers.resolve(limit, request, this.#side.badInput)
@@ -108,8 +109,9 @@ export class RequestLayer<Req> {
     let costs: number[] | undefined
     for (let i = 0; i < limit.costFns.length; i++) {
       const fn = limit.costFns[i]
-      if (fn === undefined) continue
-      const policy = limit.policies[i] as Policy
+      const policy = limit.policies[i]
+      // One policy per cost function: `policy` is always there.
+      if (fn === undefined || policy === undefined) continue
       let value: unknown = run(limit, 'cost', fn, request, this.#side)
       if (value instanceof Promise) value = await value
       if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > maxCost(policy)) {
@@ -119,8 +121,8 @@ export class RequestLayer<Req> {
       costs[i] = value
     }
     const decision = limit.settle === undefined
-      ? await this.#core.decide(client as string, limit.policies, costs, true)
-      : await reserveFor(this.#core, request as Req & object, client as string, limit.policies, costs, limit.settle, limit.name)
+      ? await this.#core.decide(client, limit.policies, costs, true)
+      : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name)
     return { limit, decision }
   }
 

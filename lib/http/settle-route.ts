@@ -30,6 +30,12 @@ export interface Pending {
   name: string
 }
 
+/**
+ * A request as it carries its reservation: any object, with the slot of
+ * this module's symbol, which nothing else reads or writes. The casts to
+ * Carrier add only that optional slot; `settle` is kept with its types
+ * erased and read back by the adapter that stored it, with the same Q and P.
+ */
 type Carrier = object & { [kReservation]?: Pending | undefined }
 
 /** What a settlement needs of the adapter: its error for a bad `settle`, and where to log it. */

@@ -86,8 +86,9 @@ export class Tiers<R, L extends Limited> {
     const policies: Policy[] = []
     for (let i = 0; i < tiers.length; i++) {
       const tier = tiers[i]
-      if (tier === false) continue
-      const base = limit.policies[i] as Policy
+      const base = limit.policies[i]
+      // One tier per policy: `base` is always there.
+      if (tier === false || base === undefined) continue
       policies.push(tier === OWN ? base : this.#policy(limit.name, i, base, tier, bad))
     }
     if (policies.length === 0) return null
@@ -95,17 +96,19 @@ export class Tiers<R, L extends Limited> {
     const local = shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])
     // Shadow policies never show; with only those left, no headers at all.
     const resolved: L = { ...limit, policies, headers: shown.length === 0 ? false : limit.headers, policyHeaders: new PolicyHeaders(shown, local) }
-    if (tiers.length === 1) this.#limits.set(only as object, resolved)
+    // A single tier that got here is a record: anything else was refused above.
+    if (tiers.length === 1 && isRecord(only)) this.#limits.set(only, resolved)
     return resolved
   }
 
   /** Policy i under `tier`, validated once per returned object. */
   #policy (name: string, i: number, base: Policy, tier: unknown, bad: BadInput): Policy {
-    const cache = this.#policies[i] as WeakMap<object, Policy | string>
-    let known = isRecord(tier) ? cache.get(tier) : undefined
+    // One cache per policy, made with #fns: `cache` is always there.
+    const cache = this.#policies[i]
+    let known = isRecord(tier) ? cache?.get(tier) : undefined
     if (known === undefined) {
       known = merge(base, tier)
-      if (isRecord(tier)) cache.set(tier, known)
+      if (isRecord(tier)) cache?.set(tier, known)
     }
     if (typeof known === 'string') throw bad(name, known)
     return known

@@ -77,16 +77,20 @@ export class MemoryStore {
         values.push(busy)
       }
     }
-    if (allowed && consume) {
-      for (let i = 0; i < specs.length; i++) {
-        const spec = specs[i] as BucketSpec
-        const busy = Math.ceil((values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
-        values[i] = busy
-        this.#fullAt.set(spec.key, now + busy)
+    const spend = allowed && consume
+    const buckets: BucketState[] = []
+    for (let i = 0; i < specs.length; i++) {
+      const spec = specs[i]
+      let busy = values[i]
+      // One value per spec, pushed above: both are always there.
+      if (spec !== undefined && busy !== undefined) {
+        if (spend) {
+          busy = Math.ceil(busy + spec.cost * 1e6 / spec.refillPerSecond)
+          this.#fullAt.set(spec.key, now + busy)
+        }
+        buckets.push(bucketState(busy, spec))
       }
     }
-    const buckets: BucketState[] = []
-    for (let i = 0; i < specs.length; i++) buckets.push(bucketState(values[i] as number, specs[i] as BucketSpec))
     return { allowed, buckets }
   }
 
@@ -107,18 +111,23 @@ export class MemoryStore {
       values.push(over > 0 ? -Math.ceil(over) : busy)
     }
     const marks: ReserveMark[] = []
-    if (allowed) {
-      for (let i = 0; i < specs.length; i++) {
-        const spec = specs[i] as BucketSpec
-        const window = spec.capacity * (1e6 / spec.refillPerSecond)
-        const busy = this.#write(spec.key, now, (values[i] as number) + spec.cost * 1e6 / spec.refillPerSecond)
-        values[i] = busy
-        const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
-        this.#epochs.set(spec.key, [epoch, counted, now])
-        marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
+    const buckets: BucketState[] = []
+    for (let i = 0; i < specs.length; i++) {
+      const spec = specs[i]
+      let busy = values[i]
+      // One value per spec, pushed above: both are always there.
+      if (spec !== undefined && busy !== undefined) {
+        if (allowed) {
+          const window = spec.capacity * (1e6 / spec.refillPerSecond)
+          busy = this.#write(spec.key, now, busy + spec.cost * 1e6 / spec.refillPerSecond)
+          const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
+          this.#epochs.set(spec.key, [epoch, counted, now])
+          marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
+        }
+        buckets.push(bucketState(busy, spec))
       }
     }
-    return { allowed, buckets: specs.map((spec, i) => bucketState(values[i] as number, spec)), marks }
+    return { allowed, buckets, marks }
   }
 
   /**
@@ -130,22 +139,31 @@ export class MemoryStore {
    */
   settleSync (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): number[] {
     const now = this.#now()
-    return specs.map((spec, i) => {
-      const window = spec.capacity * (1e6 / spec.refillPerSecond)
-      const limit = 2 * window
-      const busy = this.#busy(spec.key, now, limit)
-      const change = changes[i] as number
-      if (change >= 0) return this.#write(spec.key, now, Math.min(limit, busy + change))
-      const epoch = this.#epoch(spec.key, now, window)
-      const reserved = marks[i] as ReserveMark
-      if (epoch === undefined || epoch[0] !== reserved.epoch) return this.#write(spec.key, now, busy)
-      const [start, counted] = epoch
-      const back = Math.min(-change, busy, Math.max(reserved.mark - (now - start + counted), reserved.floor - now))
-      if (!(back > 0)) return this.#write(spec.key, now, busy)
-      const left = this.#write(spec.key, now, busy - back)
-      this.#epochs.set(spec.key, [start, counted + Math.ceil(busy - left), now])
-      return left
-    })
+    const out: number[] = []
+    for (let i = 0; i < specs.length; i++) {
+      const spec = specs[i]
+      const change = changes[i]
+      const reserved = marks[i]
+      // A settlement has one change and one mark per spec: all are always there.
+      if (spec !== undefined && change !== undefined && reserved !== undefined) out.push(this.#settle(spec, change, reserved, now))
+    }
+    return out
+  }
+
+  /** settleSync for one bucket. */
+  #settle (spec: BucketSpec, change: number, reserved: ReserveMark, now: number): number {
+    const window = spec.capacity * (1e6 / spec.refillPerSecond)
+    const limit = 2 * window
+    const busy = this.#busy(spec.key, now, limit)
+    if (change >= 0) return this.#write(spec.key, now, Math.min(limit, busy + change))
+    const epoch = this.#epoch(spec.key, now, window)
+    if (epoch === undefined || epoch[0] !== reserved.epoch) return this.#write(spec.key, now, busy)
+    const [start, counted] = epoch
+    const back = Math.min(-change, busy, Math.max(reserved.mark - (now - start + counted), reserved.floor - now))
+    if (!(back > 0)) return this.#write(spec.key, now, busy)
+    const left = this.#write(spec.key, now, busy - back)
+    this.#epochs.set(spec.key, [start, counted + Math.ceil(busy - left), now])
+    return left
   }
 
   /** A bucket's epoch of refunds in force: [start, refunds counted]; undefined when it has ended (see lua/settle.lua). */

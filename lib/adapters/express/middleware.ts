@@ -276,6 +276,8 @@ function limitFunction (compile: (config: unknown) => LimitOf, appWide: () => Ro
     return middleware(() => compiled)
   }
   return function limit (policy?: unknown, res?: unknown, next?: unknown): RequestHandler | undefined {
+    // Called by Express as the app-wide middleware (req, res, next), whose
+    // types the overloads of limit state; the arguments are taken at those types.
     if (typeof next === 'function') {
       wide ??= appMiddleware()
       wide(policy as Request, res as Response, next as NextFunction)
@@ -333,6 +335,7 @@ function proxyWarnings (log: Logger, proxy: boolean, trustAll: boolean): ((req: 
   return (req) => {
     if (trusting) {
       trusting = false
+      // Express compiles its 'trust proxy' setting into this function; app.get returns any.
       const trust = req.app.get('trust proxy fn') as (address: string, hop: number) => boolean
       if (trustsEveryHop(() => PROBE_HOPS.every((address, hop) => trust(address, hop)))) {
         log.warn({ ip: req.ip }, `tollgate: Express's 'trust proxy' trusts every address at every hop (\`app.set('trust proxy', true)\`), so req.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies (\`app.set('trust proxy', 'loopback')\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`)

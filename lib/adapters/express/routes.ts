@@ -71,7 +71,12 @@ export class RoutePatterns {
   }
 }
 
-/** What Express keeps of a route, a router, a layer and an app, as read here. */
+/**
+ * What Express keeps of a route, a router, a layer and an app, as read here.
+ * Express types none of it: the casts of this file state these shapes where
+ * Express 4 and 5 agree on them, and isRouter and isApp check them where
+ * they do not.
+ */
 export interface Route { path?: unknown, stack?: unknown }
 interface Layer { route?: Route, handle?: unknown, rawPath?: unknown, regexp?: RegExp, keys?: Array<{ name: unknown }> }
 interface Router { stack: Layer[] }

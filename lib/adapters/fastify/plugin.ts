@@ -87,6 +87,12 @@ type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply) => Pro
 type LimitOf = (method: string | string[], url: string, config: unknown) => FastifyLimit | null
 type SettleWhenSent = (request: FastifyRequest, reply: FastifyReply) => void
 type GateRequest = FastifyRequest & { [kPending]?: FastifyLimit }
+/**
+ * A route's config as Fastify keeps it, which it types per app: its own
+ * fields, with `url` and `method` always set on the config of a registered
+ * route, and this plugin's `rateLimit`. The casts of this file read it so,
+ * and take what a throwing limitOf throws as the Error the gate replies.
+ */
 type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {

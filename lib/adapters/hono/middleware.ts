@@ -184,7 +184,12 @@ export interface RateLimit extends Programmatic<HonoProgrammaticPolicy> {
 
 const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, trustProxy: trustProxyOption, handler: isFunction, logger, warnings, outageSummaryMs }
 
-/** The route a middleware is declared on, as Hono matched it. */
+/**
+ * The route a middleware is declared on, as Hono matched it: Hono gives
+ * matchedRoutes() without a type for its entries, and routeIndex is the
+ * running handler's, always in range; Routes hands the route back as it
+ * was given.
+ */
 interface MatchedRoute { method: string, path: string }
 
 const ROUTES: Routes<Context> = {
@@ -287,6 +292,8 @@ function limitFunction (compile: (config: unknown) => LimitOf<Context>, appWide:
     return middleware(() => compiled)
   }
   return function limit (policy?: unknown, next?: unknown): MiddlewareHandler<RateLimitEnv> | Promise<Response | undefined> {
+    // Called by Hono as the app-wide middleware (c, next), whose types the
+    // overloads of limit state; the arguments are taken at those types.
     if (typeof next === 'function') {
       wide ??= appMiddleware()
       return wide(policy as Context<RateLimitEnv>, next as Next) as Promise<Response | undefined>
@@ -313,6 +320,7 @@ function setHeader (c: Context, name: string, value: HeaderValue): void {
 interface NodeBindings { incoming?: unknown, outgoing?: ServerResponse, server?: NodeBindings }
 
 function bindings (c: Context): NodeBindings | undefined {
+  // Hono types env per app; @hono/node-server fills it with these bindings.
   const env = c.env as NodeBindings | undefined
   return env?.server ?? env
 }
