@@ -477,7 +477,12 @@ t.test('four limiters leasing from one bucket never admit more than capacity + r
     t.notOk(tally.sources['fail-closed'], `${mode}: no store failure`)
   }
   t.comment(`${calls} Redis calls in ${((endUs - startUs) / 1000).toFixed(0)} ms`)
-  t.equal(calls, (tallies.leased.sources.store ?? 0) + (tallies.exact.sources.store ?? 0), 'every store decision is one Redis call, every other decision none')
+  // A lease is one call of its own; the exact decisions a server asks in
+  // one turn of its event loop share one call (lib/store/redis-store.ts).
+  const leasedCalls = tallies.leased.sources.store ?? 0
+  const exactDecisions = tallies.exact.sources.store ?? 0
+  t.ok(calls >= leasedCalls + Math.min(1, exactDecisions) && calls <= leasedCalls + exactDecisions,
+    `one Redis call per leased store decision, at most one per exact one, none for the others: ${calls} calls for ${leasedCalls} + ${exactDecisions}`)
   // Both saturate the bucket: under this load it is the bucket, not the
   // machine, that limits what passes. Leases can only under-admit: at the
   // end each server may hold up to a batch it has not spent (given back on

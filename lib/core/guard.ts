@@ -1,5 +1,5 @@
 import diagnostics from 'node:diagnostics_channel'
-import { Deadlines, monotonic, type Clock } from './deadline.js'
+import { Deadlines, monotonic, type Clock, type Deadline } from './deadline.js'
 import { StoreError, messageOf } from './errors.js'
 import { OutageLog, type Timers } from './outage.js'
 import { scriptsRefused } from '../store/errors.js'
@@ -125,7 +125,7 @@ export class Guard {
     const probe = this.#admit()
     if (probe === undefined) return Promise.resolve(fail())
     return new Promise<R>((resolve) => {
-      this.#watch(() => this.#store.decide(specs, consume), timeoutMs, specs, probe,
+      this.#watch((sent) => this.#store.decide(specs, consume, sent), timeoutMs, specs, probe,
         (reply, sentAt) => { resolve(ok(reply, sentAt)) },
         () => { resolve(fail()) })
     })
@@ -136,7 +136,10 @@ export class Guard {
     const probe = this.#admit()
     if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
     return new Promise<T>((resolve, reject) => {
-      this.#watch(call, timeoutMs, specs, probe, resolve, reject)
+      this.#watch((sent) => {
+        sent()
+        return call()
+      }, timeoutMs, specs, probe, resolve, reject)
     })
   }
 
@@ -179,28 +182,41 @@ export class Guard {
     return true
   }
 
-  /** Sends `call` under a deadline; exactly one of `done` and `failed` runs, once. */
-  #watch<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
+  /**
+   * Sends `call` under a deadline; exactly one of `done` and `failed` runs,
+   * once. The deadline starts when the call is sent: at once, or, for a
+   * call that takes `sent`, when it calls it (a store that batches the
+   * decisions of a turn sends them at its end: that wait is the app's
+   * time, not Redis's). A call that settles before it was sent (it failed
+   * without sending) settles at once.
+   */
+  #watch<T> (call: (sent: () => void) => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
     done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
-    const deadline = this.#deadlines.start(timeoutMs, (err) => {
-      this.#observer?.call(this.#clock() - deadline.startedAt, 'timeout')
-      this.#failed(err, probe)
-      failed(err)
-    })
+    let deadline: Deadline | undefined
+    const start = (): Deadline => {
+      deadline ??= this.#deadlines.start(timeoutMs, (err) => {
+        this.#observer?.call(this.#clock() - (deadline as Deadline).startedAt, 'timeout')
+        this.#failed(err, probe)
+        failed(err)
+      })
+      return deadline
+    }
     let sent: Promise<T>
     try {
-      sent = call()
+      sent = call(start)
     } catch (cause) {
       sent = Promise.reject(cause)
     }
     sent.then((value) => {
-      if (!this.#deadlines.settle(deadline)) return
-      this.#observer?.call(this.#clock() - deadline.startedAt, 'ok')
+      const started = start()
+      if (!this.#deadlines.settle(started)) return
+      this.#observer?.call(this.#clock() - started.startedAt, 'ok')
       this.#succeeded()
-      done(value, deadline.startedAt)
+      done(value, started.startedAt)
     }, (cause: unknown) => {
-      if (!this.#deadlines.settle(deadline)) return
-      this.#observer?.call(this.#clock() - deadline.startedAt, 'error')
+      const started = start()
+      if (!this.#deadlines.settle(started)) return
+      this.#observer?.call(this.#clock() - started.startedAt, 'error')
       failed(this.#refused(cause, probe, specs))
     })
   }

@@ -118,7 +118,7 @@ function wire (options: LimiterOptions, time: Time): EngineParts {
 /** The Redis store with its guard, its denial cache and the fleet's change channel. */
 function remoteOf (options: LimiterOptions, client: RedisClient, shared: { prefix: string, logger: Logger, metrics: Metrics | undefined, leases: LeaseBook, clock: Clock }): Remote {
   const { prefix, logger, metrics, leases, clock } = shared
-  const store = new RedisStore(client)
+  const store = new RedisStore(client, { batch: options.batch })
   const guard = new Guard(store, { ...DEFAULT_BREAKER, ...options.breaker }, logger, clock, metrics, { summaryMs: options.outageSummaryMs, target: store.target })
   const denials = options.denialCache === false
     ? undefined

@@ -282,6 +282,24 @@ export function denialCache (value: unknown, name: string): false | { maxKeys?: 
   return parseFields(value, { maxKeys: positiveInteger, maxAgeMs: positiveNumber }, name + '.')
 }
 
+/** Most decisions of one batched script call, as `batch.maxDecisions` accepts them. */
+export const MIN_BATCH = 2
+export const MAX_BATCH = 1024
+
+function maxDecisions (value: unknown, name: string): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < MIN_BATCH || value > MAX_BATCH) {
+    throw optionError(name, value, `an integer from ${MIN_BATCH} to ${MAX_BATCH}`)
+  }
+  return value
+}
+
+/** `batch`: false (one script call per decision) or `{ maxDecisions }`. */
+export function batch (value: unknown, name: string): false | { maxDecisions?: number } {
+  if (value === false) return false
+  if (!isRecord(value)) throw optionError(name, value, 'false or an object { maxDecisions }')
+  return parseFields(value, { maxDecisions }, name + '.')
+}
+
 const METER_METHODS = ['createCounter', 'createUpDownCounter', 'createHistogram'] as const
 
 export function metricsOption (value: unknown, name: string): MetricsOptions {

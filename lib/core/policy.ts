@@ -4,7 +4,7 @@
 import { optionError } from './errors.js'
 import type { Adapter } from './migrating.js'
 import {
-  FAILURE_MODES, MAX_WINDOW_US, breaker, parseFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, localPolicy, lockout,
+  FAILURE_MODES, MAX_WINDOW_US, batch, breaker, parseFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, localPolicy, lockout,
   metricsOption, maxWaitMs, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import type { Logger, Policy } from './types.js'
@@ -20,6 +20,7 @@ const LIMITER_CHECKS = {
   timeout: deadlineMs,
   breaker,
   denialCache,
+  batch,
   metrics: metricsOption,
   maxWaiters: positiveInteger,
   outageSummaryMs,

@@ -152,6 +152,12 @@ export interface LimiterOptions {
    * or refund made on another app server can go unseen here.
    */
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
+  /**
+   * Plain decisions asked in one turn of the event loop go to Redis as one
+   * script call (per Cluster slot), of at most `maxDecisions` (default 64,
+   * from 2 to 1024); `false` sends each decision in a call of its own.
+   */
+  batch?: { maxDecisions?: number | undefined } | false | undefined
   /** Where the store's state changes go; default: process warnings (process.emitWarning). */
   logger?: Logger | undefined
   /** OpenTelemetry metrics, off unless set. */

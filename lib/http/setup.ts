@@ -9,7 +9,7 @@ import type { RedisClient, StoreClient } from '../store/client.js'
 import { storeClient } from '../store/clients/index.js'
 import { createCore, type Core } from '../core/limiter.js'
 import {
-  DEFAULT_PREFIX, breaker, denialCache, ipv6Subnet, keyPrefix, metricsOption, outageSummaryMs, positiveInteger, redisClient
+  DEFAULT_PREFIX, batch, breaker, denialCache, ipv6Subnet, keyPrefix, metricsOption, outageSummaryMs, positiveInteger, redisClient
 } from '../core/options.js'
 import type { LimiterOptions, Logger } from '../core/types.js'
 
@@ -22,6 +22,7 @@ export const STORE_CHECKS: Record<string, Check> = {
   ipv6Subnet,
   breaker,
   denialCache,
+  batch,
   metrics: metricsOption,
   maxWaiters: positiveInteger,
   outageSummaryMs
@@ -35,6 +36,7 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,
+    batch: options.batch,
     metrics: options.metrics,
     maxWaiters: options.maxWaiters,
     outageSummaryMs: options.outageSummaryMs,

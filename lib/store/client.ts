@@ -70,6 +70,8 @@ export interface StoreClient {
   /** Where the client connects, for log lines: `host:port`, `unix:<path>`, seed nodes. Never a password. */
   readonly target: string
   readonly status: ClientStatus
+  /** A Redis Cluster client: each script call must hold keys of one slot. */
+  readonly cluster: boolean
   /** Asks a client nobody connected (status 'wait') to connect. Never throws. */
   connect (): void
   /** Calls `listener` whenever the client turns ready; returns its removal. */

@@ -7,6 +7,7 @@ import {
 } from './store.js'
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
+import { slotOf } from './slot.js'
 
 // Each script is sent by its SHA-1 (EVALSHA), computed once; a NOSCRIPT
 // answer (a script flush, a restart, a failover to a replica that never
@@ -35,6 +36,38 @@ export const LEASE: Script = script('lease.lua')
 export const SETTLE: Script = script('settle.lua')
 /** lua/token-bucket-ext.lua. */
 export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
+/** lua/token-bucket-batch.lua. */
+export const TOKEN_BUCKET_BATCH: Script = script('token-bucket-batch.lua')
+
+/** Most decisions of one batched script call, by default. */
+export const DEFAULT_BATCH_MAX = 64
+
+/** How a RedisStore sends plain decisions: batched (at most `maxDecisions` a call), or one call each (`false`). */
+export interface RedisStoreOptions {
+  batch?: false | { maxDecisions?: number | undefined } | undefined
+}
+
+/** A plain decision waiting for the end of the event-loop turn. */
+interface Pending {
+  readonly specs: readonly BucketSpec[]
+  readonly consume: boolean
+  readonly sent: (() => void) | undefined
+  readonly resolve: (reply: StoreReply) => void
+  readonly reject: (err: unknown) => void
+}
+
+/**
+ * A batch refused by an error about its content, which Redis replied with
+ * (a key of another type, a value that is not a number, a script error;
+ * never a server that cannot serve, nor one that cannot run scripts): it
+ * wrote nothing, and each of its decisions is sent alone, to fail or not
+ * as it would have without the others.
+ */
+const CONTENT_ERROR = /^(?:ERR|WRONGTYPE)\b/
+
+function refusedContent (err: unknown): boolean {
+  return err instanceof Error && CONTENT_ERROR.test(err.message) && !scriptsRefused(err)
+}
 
 /**
  * Appends one bucket's arguments of lua/token-bucket.lua: its window, the
@@ -44,6 +77,18 @@ export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
 export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec): void {
   const step = 1e6 / spec.refillPerSecond
   args.push(spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
+}
+
+/** One request's part of lua/token-bucket-batch.lua's flat reply, from `at`. */
+function batchReply (values: readonly number[], at: number, specs: readonly BucketSpec[]): StoreReply {
+  const buckets: BucketState[] = []
+  let allowed = true
+  for (let i = 0; i < specs.length; i++) {
+    const value = values[at + i] as number
+    if (value < 0) allowed = false
+    buckets.push(bucketState(value, specs[i] as BucketSpec))
+  }
+  return { allowed, buckets }
 }
 
 /** lua/token-bucket.lua's reply: one integer per bucket (a bare integer for one bucket). */
@@ -83,6 +128,18 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * Buckets in Redis, decided by lua/token-bucket.lua (leases by
  * lua/lease.lua), each call one EVALSHA.
  *
+ * Plain decisions are batched: every one asked within one turn of the
+ * event loop is sent at the end of the turn (a setImmediate, which runs
+ * after the poll phase has read every socket that was ready, so it gathers
+ * the decisions of all the requests that arrived together; a microtask
+ * would run between two requests' callbacks and send each alone), as one
+ * call of lua/token-bucket-batch.lua per slot and per `maxDecisions`, or
+ * of lua/token-bucket.lua for a decision alone. The batches of a turn go
+ * out together, pipelined on the one connection. A decision is `sent` when
+ * its batch is: its deadline (lib/core/guard.ts) counts from there, so the
+ * wait for the end of the turn, the app's own time, is not counted as
+ * Redis's lateness.
+ *
  * A command is only sent while the client is connected: when it is not,
  * the call fails at once instead of waiting in the client's offline queue.
  * A client that nobody connected (ioredis's `lazyConnect`, status 'wait')
@@ -93,10 +150,16 @@ export class RedisStore implements Store, LeaseStore {
   readonly #redis: StoreClient
   /** The client's address, for log lines (storeTarget). */
   readonly target: string
+  /** Most decisions of one batch; 0: no batching, one call per decision. */
+  readonly #batchMax: number
+  /** Decisions of this turn, to be sent by `#flush`. */
+  #pending: Pending[] = []
+  #scheduled = false
 
-  constructor (client: RedisClient) {
+  constructor (client: RedisClient, options: RedisStoreOptions = {}) {
     this.#redis = storeClient(client)
     this.target = this.#redis.target
+    this.#batchMax = options.batch === false ? 0 : options.batch?.maxDecisions ?? DEFAULT_BATCH_MAX
   }
 
   /** What the store sends through, for the fleet's change channel (lib/core/invalidation.ts). */
@@ -126,11 +189,27 @@ export class RedisStore implements Store, LeaseStore {
   }
 
   /**
-   * One script call, in one promise over the client's: no async function
-   * between the reply and the guard (this is the call of every request).
+   * A plain decision, in one promise: batched with the others of this turn
+   * (see the class), or one call of its own when batching is off. `sent` is
+   * called when the call carrying it is sent (not when it fails before
+   * that: the client is not connected).
    */
-  decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+  decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply> {
     if (this.#redis.status !== 'ready') return Promise.reject(this.#down())
+    if (this.#batchMax === 0) {
+      sent?.()
+      return this.#single(specs, consume)
+    }
+    return new Promise<StoreReply>((resolve, reject) => {
+      this.#pending.push({ specs, consume, sent, resolve, reject })
+      if (this.#scheduled) return
+      this.#scheduled = true
+      setImmediate(this.#flush)
+    })
+  }
+
+  /** One decision, one call of lua/token-bucket.lua, in one promise over the client's. */
+  #single (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
     const args: Array<string | number> = []
     for (const spec of specs) args.push(spec.key)
     args.push(consume ? '1' : '0')
@@ -139,6 +218,91 @@ export class RedisStore implements Store, LeaseStore {
     return redis.evalsha(TOKEN_BUCKET.sha, specs.length, args).then((reply) => storeReply(reply, specs), (err: unknown) => {
       if (!redis.isNoScript(err)) throw err
       return redis.eval(TOKEN_BUCKET.lua, specs.length, args).then((reply) => storeReply(reply, specs))
+    })
+  }
+
+  /** Sends the decisions of this turn: by slot on a Cluster, `#batchMax` at most a call. */
+  readonly #flush = (): void => {
+    const pending = this.#pending
+    this.#pending = []
+    this.#scheduled = false
+    if (this.#redis.status !== 'ready') {
+      const err = this.#down()
+      for (const p of pending) p.reject(err)
+      return
+    }
+    if (!this.#redis.cluster) {
+      this.#send(pending)
+      return
+    }
+    const slots = new Map<number, Pending[]>()
+    for (const p of pending) {
+      const slot = slotOf((p.specs[0] as BucketSpec).key)
+      const group = slots.get(slot)
+      if (group === undefined) slots.set(slot, [p])
+      else group.push(p)
+    }
+    for (const group of slots.values()) this.#send(group)
+  }
+
+  /** Decisions of one slot, in calls of at most `#batchMax`. */
+  #send (group: Pending[]): void {
+    const max = this.#batchMax
+    for (let from = 0; from < group.length; from += max) {
+      const to = Math.min(group.length, from + max)
+      if (to - from === 1) this.#alone(group[from] as Pending, true)
+      else this.#batch(group, from, to)
+    }
+  }
+
+  /** One decision in a call of its own (`notify`: tell it it is sent). */
+  #alone (p: Pending, notify: boolean): void {
+    if (notify) p.sent?.()
+    this.#single(p.specs, p.consume).then(p.resolve, p.reject)
+  }
+
+  /** `group[from..to)` in one call of lua/token-bucket-batch.lua. */
+  #batch (group: readonly Pending[], from: number, to: number): void {
+    const keys: string[] = []
+    const index = new Map<string, number>()
+    const argv: Array<string | number> = []
+    for (let i = from; i < to; i++) {
+      const { specs, consume } = group[i] as Pending
+      argv.push(consume ? '1' : '0', specs.length)
+      for (const spec of specs) {
+        let k = index.get(spec.key)
+        if (k === undefined) {
+          k = keys.push(spec.key)
+          index.set(spec.key, k)
+        }
+        const step = 1e6 / spec.refillPerSecond
+        argv.push(k, spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
+      }
+    }
+    const args: Array<string | number> = keys
+    for (const arg of argv) args.push(arg)
+    const numKeys = index.size
+    for (let i = from; i < to; i++) (group[i] as Pending).sent?.()
+    const redis = this.#redis
+    const answer = (reply: unknown): void => {
+      const values = reply as number[]
+      let at = 0
+      for (let i = from; i < to; i++) {
+        const p = group[i] as Pending
+        p.resolve(batchReply(values, at, p.specs))
+        at += p.specs.length
+      }
+    }
+    const refused = (err: unknown): void => {
+      if (refusedContent(err)) {
+        for (let i = from; i < to; i++) this.#alone(group[i] as Pending, false)
+        return
+      }
+      for (let i = from; i < to; i++) (group[i] as Pending).reject(err)
+    }
+    redis.evalsha(TOKEN_BUCKET_BATCH.sha, numKeys, args).then(answer, (err: unknown) => {
+      if (!redis.isNoScript(err)) return refused(err)
+      redis.eval(TOKEN_BUCKET_BATCH.lua, numKeys, args).then(answer, refused)
     })
   }
 
@@ -214,7 +378,7 @@ export class RedisStore implements Store, LeaseStore {
    * failure modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {
-    await this.#redis.loadScripts([TOKEN_BUCKET, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => s.lua))
+    await this.#redis.loadScripts([TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => s.lua))
     try {
       await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
     } catch (cause) {

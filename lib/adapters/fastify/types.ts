@@ -92,6 +92,12 @@ export interface TollgateOptions extends RoutePolicy {
    * `maxAgeMs` after the call (default on, { maxKeys: 10000, maxAgeMs: 1000 }).
    */
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
+  /**
+   * Plain decisions asked in one turn of the event loop go to Redis as one
+   * script call (per Cluster slot), of at most `maxDecisions` (default 64,
+   * from 2 to 1024); `false` sends each decision in a call of its own.
+   */
+  batch?: { maxDecisions?: number | undefined } | false | undefined
   /** OpenTelemetry metrics, off unless set: `{ meter }`, a Meter of @opentelemetry/api. */
   metrics?: MetricsOptions | undefined
   /**

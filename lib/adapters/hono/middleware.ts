@@ -144,6 +144,12 @@ export interface HonoOptions extends HonoPolicy {
   breaker?: Partial<BreakerOptions> | undefined
   /** Deny locally while a denied bucket cannot afford the cost yet (default on, { maxKeys: 10000 }). */
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
+  /**
+   * Plain decisions asked in one turn of the event loop go to Redis as one
+   * script call (per Cluster slot), of at most `maxDecisions` (default 64,
+   * from 2 to 1024); `false` sends each decision in a call of its own.
+   */
+  batch?: { maxDecisions?: number | undefined } | false | undefined
   /** OpenTelemetry metrics, off unless set: `{ meter }` (docs/reference/metrics.md). */
   metrics?: MetricsOptions | undefined
   /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */

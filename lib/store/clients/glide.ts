@@ -64,6 +64,7 @@ export function glideClient (user: object): StoreClient {
   const addresses = client.config?.addresses ?? []
   return {
     family: 'glide',
+    cluster,
     target: `${cluster ? 'cluster seeds ' : ''}${addresses.map((node) => seedAddress(node, 'GLIDE')).join(', ')}`,
     get status (): ClientStatus {
       return client.isClosed === true ? 'end' : 'ready'

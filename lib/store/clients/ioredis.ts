@@ -52,6 +52,7 @@ export function ioredisClient (user: object): StoreClient {
   return {
     family: 'ioredis',
     target: target(client),
+    cluster: isCluster(client),
     get status (): ClientStatus {
       return client.status
     },

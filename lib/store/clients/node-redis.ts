@@ -106,6 +106,7 @@ export function nodeRedisClient (user: object): StoreClient {
   return {
     family: 'node-redis',
     target: target(client),
+    cluster: cluster !== undefined,
     get status (): ClientStatus {
       if (ready()) return 'ready'
       if (client.isOpen) return 'connecting'
