@@ -70,7 +70,8 @@ export function glideClient (user: object): StoreClient {
   const addresses = client.config?.addresses ?? []
   return {
     family: 'glide',
-    target: `${cluster ? 'cluster seeds ' : ''}${addresses.map((node) => seedAddress(node, 'GLIDE')).join(', ')}`,
+    // A client that keeps its configuration out of sight is named, not left blank.
+    target: addresses.length === 0 ? 'a GLIDE client' : `${cluster ? 'cluster seeds ' : ''}${addresses.map((node) => seedAddress(node, 'GLIDE')).join(', ')}`,
     get status (): ClientStatus {
       return client.isClosed === true ? 'end' : 'ready'
     },
