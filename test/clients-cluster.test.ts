@@ -5,11 +5,17 @@
 // clients land on every master, each call routed to its key's slot; 400
 // concurrent consumes over 4 clients admit exactly the capacity of 50; a
 // SCRIPT FLUSH on every master is recovered; several policies of one client
-// are one script call on one slot.
+// are one script call on one slot. And a Cluster client the app has not
+// connected yet (node-redis 6, iovalkey): no subscriber while it knows no
+// node, one once it does; none from a limiter closed before then.
 
+import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify from 'fastify'
+import { Cluster as ValkeyCluster } from 'iovalkey'
+import { createCluster } from 'redis'
 import t from 'tap'
-import tollgate, { createLimiter, type Limiter, type Policy } from '../lib/index.js'
+import { SUBSCRIBER_NAME } from '../lib/core/invalidation.js'
+import tollgate, { createLimiter, type Limiter, type Policy, type RedisClient } from '../lib/index.js'
 import { TOKEN_BUCKET } from '../lib/store/redis-store.js'
 import { uniquePrefix } from './helpers/app.js'
 import { families } from './helpers/clients.js'
@@ -94,5 +100,62 @@ for (const family of families) {
       t.equal(decisions.filter((d) => d.allowed).length, 50, 'exactly the capacity')
       t.equal(decisions.filter((d) => d.source !== 'store').length, 0, 'every decision by Redis')
     })
+  })
+}
+
+/** Our subscriber connections on the Cluster's masters (CLIENT LIST, by name). */
+async function subscribers (): Promise<number> {
+  let count = 0
+  for (const master of masters) {
+    const list = await redisCommand(master, ['CLIENT', 'LIST']) as string
+    count += list.split('\n').filter((line) => line.includes(`name=${SUBSCRIBER_NAME} `)).length
+  }
+  return count
+}
+
+async function until (what: () => Promise<boolean>, ms: number): Promise<boolean> {
+  const end = performance.now() + ms
+  while (performance.now() < end) {
+    if (await what()) return true
+    await sleep(25)
+  }
+  return await what()
+}
+
+const unconnected: Array<[string, () => { client: RedisClient, connect (): Promise<unknown>, close (): void }]> = [
+  ['node-redis 6', () => {
+    const client = createCluster({ rootNodes: cluster.startupNodes.map((n) => ({ socket: n })) })
+    client.on('error', () => {})
+    return { client, connect: () => client.connect(), close: () => { try { client.destroy() } catch {} } }
+  }],
+  ['iovalkey', () => {
+    const client = new ValkeyCluster([...cluster.startupNodes], { lazyConnect: true })
+    client.on('error', () => {})
+    return { client, connect: () => client.connect(), close: () => { client.disconnect() } }
+  }]
+]
+
+for (const [label, make] of unconnected) {
+  t.test(`${label}: a Cluster client not connected yet gets a subscriber once it knows a node, and none from a limiter closed before then`, async (t) => {
+    const policy: Policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'open' }
+    const before = await subscribers()
+
+    const early = make()
+    t.teardown(() => early.close())
+    const closed = createLimiter({ redis: early.client, prefix: uniquePrefix(), timeout: 2000 })
+    await closed.close()
+    await early.connect()
+    // A subscription tried again after the close would be made within the retries' first second.
+    await sleep(1500)
+    t.equal(await subscribers(), before, 'no subscriber from the limiter closed before its client knew a node')
+
+    const late = make()
+    t.teardown(() => late.close())
+    const limiter = createLimiter({ redis: late.client, prefix: uniquePrefix(), timeout: 2000 })
+    t.teardown(() => limiter.close())
+    t.equal(await subscribers(), before, 'none while the client knows no node')
+    t.equal((await limiter.consume('c', policy)).source, 'fail-open', 'the first call finds the client unconnected, and has it connect')
+    t.ok(await until(async () => (await limiter.consume('c', policy)).source === 'store', 5000), 'then Redis decides')
+    t.ok(await until(async () => await subscribers() === before + 1, 5000), 'and one subscriber is made')
   })
 }

@@ -1,8 +1,11 @@
 // The client adapters' paths that the per-family tests do not reach, on a
 // real Redis: a subscription the server refuses (an ACL without channels)
-// on node-redis and GLIDE; a GLIDE client the app closes (GLIDE tells of no
-// close: tollgate looks once a second), or passes already closed; a limiter
-// closed while its GLIDE subscriber is still being made.
+// on node-redis, GLIDE and ioredis; a GLIDE or node-redis client the app
+// closes (GLIDE tells of no close: tollgate looks once a second), or a
+// GLIDE client passed already closed; a limiter closed while its GLIDE or
+// node-redis subscriber is still being made; a GLIDE reply error of a kind
+// that has no Redis code in the adapter (a master demoted to a replica:
+// READONLY); a GLIDE client that shows no configuration.
 
 import { setTimeout as sleep } from 'node:timers/promises'
 import { GlideClient } from '@valkey/valkey-glide'
@@ -12,7 +15,8 @@ import t from 'tap'
 import { SUBSCRIBER_NAME } from '../lib/core/invalidation.js'
 import { rateLimit } from '../lib/express.js'
 import { createLimiter, type Logger } from '../lib/index.js'
-import { startRedisServer } from './helpers/redis.js'
+import { storeTarget } from '../lib/store/redis-store.js'
+import { freePort, redisCommand, startRedisServer } from './helpers/redis.js'
 
 const server = await startRedisServer()
 t.teardown(() => server.stop())
@@ -21,15 +25,18 @@ t.teardown(() => { admin.disconnect() })
 const { hostname, port } = new URL(server.url)
 const address = { host: hostname, port: Number(port) }
 
-function logger (): Logger & { lines: string[] } {
+function logger (): Logger & { lines: string[], errors: unknown[] } {
   const lines: string[] = []
-  return {
-    lines,
-    warn: (_o, msg) => { lines.push(msg) },
-    info: (_o, msg) => { lines.push(msg) },
-    error: (_o, msg) => { lines.push(msg) }
+  const errors: unknown[] = []
+  const keep = (o: object, msg: string): void => {
+    lines.push(msg)
+    if ('err' in o) errors.push(o.err)
   }
+  return { lines, errors, warn: keep, info: keep, error: keep }
 }
+
+/** The messages of the errors logged. */
+const messages = (errors: readonly unknown[]): string[] => errors.map((err) => err instanceof Error ? err.message : String(err))
 
 /** Our subscriber connections on this file's Redis (CLIENT LIST, by name). */
 async function subscribers (): Promise<number> {
@@ -148,4 +155,89 @@ t.test('GLIDE: a client passed already closed: the start-up wait ends at its bou
   t.teardown(() => limit.close())
   t.ok(await until(() => log.lines.some((l) => /is not ready after 2000 ms/.test(l)), 5000), 'warned once the wait is over')
   t.match(await limit.limiter.consume('c', { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }), { allowed: false, source: 'fail-closed' }, 'its limits follow their failure mode')
+})
+
+t.test('ioredis: a subscription the server refuses is logged once however often it is refused, and the limiter still decides on Redis', async (t) => {
+  await admin.acl('SETUSER', 'nochannels', 'on', '>secret', '~*', 'resetchannels', '+@all')
+  t.teardown(() => admin.acl('DELUSER', 'nochannels'))
+  await admin.call('ACL', 'LOG', 'RESET')
+  const io = new Redis(`redis://nochannels:secret@${hostname}:${port}`)
+  io.on('error', () => {})
+  t.teardown(() => { io.disconnect() })
+  const log = logger()
+  const limiter = createLimiter({ redis: io, prefix: `edges${++prefixes}`, timeout: 2000, logger: log })
+  t.teardown(() => limiter.close())
+  t.ok(await until(async () => await channelDenials('nochannels') >= 3, 5000), 'refused, again and again')
+  t.equal(warnings(log.lines), 1, 'the refusal is logged once')
+  t.match(await limiter.consume('c', { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }), { allowed: true, source: 'store' }, 'decided by Redis')
+})
+
+t.test('node-redis: a limiter closed while its subscriber is being made leaves no connection behind', async (t) => {
+  const node = createClient({ url: server.url })
+  node.on('error', () => {})
+  await node.connect()
+  t.teardown(() => node.destroy())
+  const before = await subscribers()
+  const limiter = createLimiter({ redis: node, prefix: `edges${++prefixes}` })
+  await limiter.close()
+  await sleep(500)
+  t.equal(await subscribers(), before, 'no subscriber connection')
+})
+
+t.test('node-redis: the app closes its client: the subscriber tollgate made from it is closed, and calls say the client ended', async (t) => {
+  const node = createClient({ url: server.url })
+  node.on('error', () => {})
+  await node.connect()
+  const before = await subscribers()
+  const log = logger()
+  const limiter = createLimiter({ redis: node, prefix: `edges${++prefixes}`, timeout: 2000, logger: log })
+  t.teardown(() => limiter.close())
+  t.ok(await until(async () => await subscribers() === before + 1, 5000), 'one subscriber connection')
+  node.destroy()
+  t.ok(await until(async () => await subscribers() === before, 5000), 'gone with the app\'s client')
+  t.match(await limiter.consume('c', { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }), { allowed: false, source: 'fail-closed' }, 'its limits follow their failure mode')
+  t.ok(messages(log.errors).some((m) => m.endsWith(`Redis at ${hostname}:${port} is not connected (status end)`)), 'the client is told ended, not waiting to be connected', { messages: messages(log.errors) })
+})
+
+t.test('GLIDE: a reply error of a kind with no Redis code in the adapter keeps GLIDE\'s name for it (a master demoted to a replica: READONLY)', async (t) => {
+  const own = await startRedisServer()
+  t.teardown(() => own.stop())
+  const glide = await GlideClient.createClient({ addresses: [{ host: own.host, port: own.port }], requestTimeout: 2000 })
+  t.teardown(() => glide.close())
+  const log = logger()
+  const limiter = createLimiter({ redis: glide, prefix: `edges${++prefixes}`, timeout: 2000, logger: log })
+  t.teardown(() => limiter.close())
+  const policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' } as const
+  t.match(await limiter.consume('c', policy), { allowed: true, source: 'store' }, 'decided by Redis while a master')
+  // As a failover demotes an old master: a replica (of a master that is not
+  // there) keeps its data and answers, read-only.
+  await redisCommand(own, ['REPLICAOF', own.host, String(await freePort())])
+  t.match(await limiter.consume('c', policy), { allowed: false, source: 'fail-closed' }, 'then its limits follow their failure mode')
+  const logged = messages(log.errors)
+  t.ok(logged.some((m) => m.includes(": ReadOnly You can't write against a read only replica.")), 'GLIDE\'s kind, then the server\'s words, without GLIDE\'s prefix', { logged })
+  const causes: string[] = []
+  for (let err = log.errors.find((e) => e instanceof Error && /read only replica/.test(e.message)); err instanceof Error; err = err.cause) causes.push(err.message)
+  t.ok(causes.some((m) => m.startsWith("An error was signalled by the server: - ReadOnly: You can't write")), 'GLIDE\'s own error in its causes', { causes })
+})
+
+t.test('GLIDE: a client that shows no configuration is named so, and gets no subscriber: refused and logged once, its limits decided by Redis; a limiter closed at once says nothing', async (t) => {
+  const glide = await GlideClient.createClient({ addresses: [address], requestTimeout: 2000 })
+  t.teardown(() => glide.close())
+  // Standing for a client that keeps its configuration elsewhere than in GLIDE's own \`config\`.
+  t.ok(Reflect.deleteProperty(glide, 'config'), 'config removed')
+  t.equal(storeTarget(glide), 'a GLIDE client', 'named, since its addresses are not known')
+  const before = await subscribers()
+  const quiet = logger()
+  const closed = createLimiter({ redis: glide, prefix: `edges${++prefixes}`, timeout: 2000, logger: quiet })
+  await closed.close()
+  const log = logger()
+  const limiter = createLimiter({ redis: glide, prefix: `edges${++prefixes}`, timeout: 2000, logger: log })
+  t.teardown(() => limiter.close())
+  t.ok(await until(() => warnings(log.lines) > 0, 5000), 'refused')
+  t.match(messages(log.errors), ['this GLIDE client does not show the configuration it was created with'], 'saying why')
+  await sleep(400) // tried again after 50, 100 and 200 ms
+  t.equal(warnings(log.lines), 1, 'logged once')
+  t.equal(await subscribers(), before, 'no subscriber client made')
+  t.match(await limiter.consume('c', { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }), { allowed: true, source: 'store' }, 'decided by Redis')
+  t.same(quiet.lines, [], 'the limiter closed at once logged nothing')
 })

@@ -2,7 +2,9 @@
 // goes away, killed and then paused (SIGSTOP: its connections stay open,
 // nothing answers), under steady decisions through the Cluster client of
 // each family besides ioredis (test/failover.test.ts): node-redis 6,
-// iovalkey and GLIDE. While the replica takes over, decisions follow the
+// iovalkey and GLIDE. Then every node hangs and comes back, under
+// node-redis 6 (no node answers the probe before a rediscovery) and
+// node-redis 4 (whose slot map tollgate cannot have rediscovered). While the replica takes over, decisions follow the
 // failure mode within the deadline; after the promotion they come from
 // the store again, within a bound, and stay so. A paused master is the
 // case where the client must learn the new slot map (the breaker asks it
@@ -112,4 +114,37 @@ for (const family of targets) {
       t.equal(limiter.state, 'healthy')
     })
   }
+}
+
+for (const family of families.filter((f) => ['node-redis 6', 'node-redis 4, isolationPoolOptions'].includes(f.label))) {
+  t.test(`${family.label} Cluster: every node hangs, then comes back: the failure mode meanwhile, with no slot map rediscovered, then the store`, async (t: Test) => {
+    await cluster.waitHealthy()
+    const made = await (family.cluster as NonNullable<typeof family.cluster>)(cluster.startupNodes)
+    t.teardown(() => made.close())
+    const limiter = createLimiter({ redis: made.client, prefix: uniquePrefix(), timeout: TIMEOUT_MS, breaker: { failures: 5, cooldownMs: 1000 } })
+    t.teardown(() => limiter.close())
+    const policy: Policy = { bucket: 'f', capacity: 1e6, refillPerSecond: 1e3, failureMode: 'open' }
+    await waitFor('a first store decision', async () => (await limiter.consume('hang', policy)).source === 'store', 10_000)
+    const during: string[] = []
+    let slowest = 0
+    for (const node of cluster.nodes) node.pause()
+    try {
+      // Past the deadline five times (the breaker opens, and asks for a
+      // rediscovery: no node answers its PING), then a cool-down and a probe.
+      const end = performance.now() + 3000
+      while (performance.now() < end) {
+        const sent = performance.now()
+        during.push((await limiter.consume('hang', policy)).source)
+        slowest = Math.max(slowest, performance.now() - sent)
+        await sleep(TICK_MS)
+      }
+      t.equal(limiter.state, 'failing', 'the store is failing')
+    } finally {
+      for (const node of cluster.nodes) node.resume()
+    }
+    t.ok(during.length > 0 && during.every((s) => s === 'fail-open'), `${during.length} decisions by the failure mode`)
+    t.ok(slowest <= TIMEOUT_MS + DEADLINE_TOLERANCE_MS, `none past the deadline: slowest ${slowest.toFixed(0)} ms`)
+    await waitFor('decisions from the store again', async () => (await limiter.consume('hang', policy)).source === 'store', RECOVERY_BOUND_MS)
+    t.equal(limiter.state, 'healthy', 'healthy again')
+  })
 }

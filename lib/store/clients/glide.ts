@@ -9,6 +9,7 @@
 // No matching script"): they are rewritten to Redis's form ("NOSCRIPT No
 // matching script"), which the rest of tollgate reads.
 
+import { messageOf } from '../../core/errors.js'
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress } from './address.js'
 
@@ -39,15 +40,20 @@ const CODES: Record<string, string> = { NoScriptError: 'NOSCRIPT', PermissionDen
 
 /** A GLIDE reply error in Redis's form (its original as `cause`); any other error as it is. */
 function redisError (err: unknown): unknown {
-  if (!(err instanceof Error)) return err
-  const match = SERVER_ERROR.exec(err.message)
+  const match = SERVER_ERROR.exec(messageOf(err))
   if (match === null) return err
   const kind = match[1] as string
-  const rest = err.message.slice(match[0].length)
-  return new Error(`${CODES[kind] ?? kind} ${rest}`, { cause: err })
+  return new Error(`${CODES[kind] ?? kind} ${match.input.slice(match[0].length)}`, { cause: err })
 }
 
 const POLL_MS = 1000
+
+/**
+ * What GLIDE needs done where other clients need something: it is never
+ * 'wait' (it exists once connected), tells of no ready, and keeps a
+ * Cluster's slot map by itself.
+ */
+const nothing = (): void => {}
 
 export function glideClient (user: object): StoreClient {
   const client = user as Glide
@@ -65,14 +71,13 @@ export function glideClient (user: object): StoreClient {
   return {
     family: 'glide',
     cluster,
-    target: `${cluster ? 'cluster seeds ' : ''}${addresses.map((node) => seedAddress(node, 'GLIDE')).join(', ')}`,
+    // A client that keeps its configuration out of sight is named, not left blank.
+    target: addresses.length === 0 ? 'a GLIDE client' : `${cluster ? 'cluster seeds ' : ''}${addresses.map((node) => seedAddress(node, 'GLIDE')).join(', ')}`,
     get status (): ClientStatus {
       return client.isClosed === true ? 'end' : 'ready'
     },
-    connect () {},
-    onReady () {
-      return () => {}
-    },
+    connect: nothing,
+    onReady: () => nothing,
     onEnd (listener) {
       // No event tells of a close: it is looked for once a second.
       const timer = setInterval(() => {
@@ -91,7 +96,7 @@ export function glideClient (user: object): StoreClient {
     del: (keys) => send(keys[0], ['DEL', ...keys]),
     publish: (channel, message) => send(undefined, ['PUBLISH', channel, message]),
     subscribe: (channel, name, events) => subscribe(client, send, channel, name, events),
-    refresh () {}
+    refresh: nothing
   }
 }
 

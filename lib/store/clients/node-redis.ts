@@ -41,7 +41,7 @@ interface Node {
 interface Cluster extends NodeRedis {
   sendCommand (firstKey: string | undefined, isReadonly: boolean, args: readonly string[]): Promise<unknown>
   readonly masters: readonly Node[]
-  readonly replicas?: readonly Node[]
+  readonly replicas: readonly Node[]
   nodeClient (node: unknown): Promise<Standalone>
   /** Not in node-redis's documented API: the slot map, rediscovered from a given node, skipping some. */
   readonly _slots?: { rediscover?: (startWith?: Standalone, excluded?: ReadonlySet<string>) => Promise<void> }
@@ -92,9 +92,9 @@ export function nodeRedisClient (user: object): StoreClient {
   const readyEvent = client.isReady === undefined ? 'connect' : 'ready'
   client.on('end', () => { ended = true })
   client.on(readyEvent, () => { ended = false })
-  const ready = client.isReady === undefined
-    ? () => client.isOpen && (cluster?.masters.length ?? 0) > 0
-    : () => client.isReady === true
+  const ready = client.isReady !== undefined || cluster === undefined
+    ? () => client.isReady === true
+    : () => client.isOpen && cluster.masters.length > 0
   let refreshing = false
   const send = cluster === undefined
     ? (_key: string | undefined, args: string[]): Promise<unknown> => (client as Standalone).sendCommand(args)
@@ -127,11 +127,10 @@ export function nodeRedisClient (user: object): StoreClient {
     eval: (lua, numKeys, args) => script('EVAL', lua, numKeys, args),
     isNoScript: (err) => err instanceof Error && err.message.startsWith('NOSCRIPT'),
     async loadScripts (scripts) {
-      const nodes: Standalone[] = cluster === undefined
-        ? [client as Standalone]
-        : (await Promise.allSettled(cluster.masters.map((master) => cluster.nodeClient(master))))
-            .flatMap((r) => r.status === 'fulfilled' ? [r.value] : [])
-      await Promise.allSettled(nodes.flatMap((node) => scripts.map((lua) => node.sendCommand(['SCRIPT', 'LOAD', lua]))))
+      const load = (node: Standalone): Promise<unknown> => Promise.allSettled(scripts.map((lua) => node.sendCommand(['SCRIPT', 'LOAD', lua])))
+      // A master whose client cannot be had fails its own load only.
+      if (cluster === undefined) await load(client as Standalone)
+      else await Promise.allSettled(cluster.masters.map(async (master) => await load(await cluster.nodeClient(master))))
     },
     del: (keys) => send(keys[0], ['DEL', ...keys]),
     publish: (channel, message) => send(undefined, ['PUBLISH', channel, message]),
@@ -165,7 +164,7 @@ async function answers (client: Standalone, ms: number): Promise<boolean> {
 async function rediscover (cluster: Cluster): Promise<void> {
   const slots = cluster._slots
   if (slots?.rediscover === undefined) return
-  const nodes = [...cluster.masters, ...(cluster.replicas ?? [])].filter((node) => node.client?.isReady === true)
+  const nodes = [...cluster.masters, ...cluster.replicas].filter((node) => node.client?.isReady === true)
   const alive = await Promise.all(nodes.map((node) => answers(node.client as Standalone, PROBE_MS)))
   const from = nodes.find((_, i) => alive[i])
   if (from === undefined) return
