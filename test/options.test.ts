@@ -5,70 +5,18 @@
 // the wrong type in Redis is a store failure for that one request.
 
 import t from 'tap'
-import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
 import { createClientPool, createSentinel } from 'redis'
-import tollgate, { createLimiter, type Policy, type TollgateOptions } from '../lib/index.js'
+import { createLimiter, type Policy, type TollgateOptions } from '../lib/index.js'
 import { buildApp, captureLogs, keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { infoField, redisCommand, redisUrl, startRedisServer } from './helpers/redis.js'
+import { isOptionError, registerError, routeError, type Expected } from './unit/helpers/option-error.js'
 
 await redisUrl(t)
 
 /** Every accepted client family, as the message lists them. */
 const ACCEPTED = 'an ioredis or iovalkey Redis or Cluster, a node-redis createClient() or createCluster() client, or a GLIDE GlideClient or GlideClusterClient'
-
-type TapTest = Parameters<Parameters<typeof t.test>[0]>[0]
-
-interface Expected {
-  /** The option as the message names it (between backticks). */
-  name: string
-  /** How the value appears after "got". */
-  got?: string
-  /** What was expected, as the message says it. */
-  expect?: string | RegExp
-}
-
-/** Asserts a coded TypeError whose message names the option, the value and the expectation. */
-function isOptionError (t: TapTest, err: unknown, want: Expected, label: string): void {
-  if (!(err instanceof TypeError)) {
-    t.fail(`${label}: expected a TypeError, got ${err instanceof Error ? err.stack ?? '' : String(err)}`)
-    return
-  }
-  t.equal((err as TypeError & { code?: string }).code, 'TOLLGATE_INVALID_OPTION', `${label}: code`)
-  t.match(err.message, `\`${want.name}\``, `${label}: names the option`)
-  // The value ends the message, or comes before a hint (another library's meaning of it: lib/core/migrating.ts).
-  if (want.got !== undefined) t.ok(err.message.endsWith(`got ${want.got}`) || err.message.includes(`got ${want.got}: `), `${label}: names the value (${err.message})`)
-  if (want.expect !== undefined) t.match(err.message, want.expect, `${label}: says what is expected`)
-}
-
-/** The error of registering the plugin with `options` (undefined when it registers). */
-async function registerError (options: unknown): Promise<unknown> {
-  const app = Fastify()
-  try {
-    await app.register(tollgate, options as TollgateOptions)
-    await app.ready()
-    return undefined
-  } catch (err) {
-    return err
-  } finally {
-    await app.close().catch(() => {})
-  }
-}
-
-/** The error of declaring routes on an app with the plugin (undefined when none). */
-async function routeError (plugin: Partial<TollgateOptions>, declare: (app: FastifyInstance) => void): Promise<unknown> {
-  const app = Fastify()
-  try {
-    await app.register(tollgate, { failureMode: 'open', ...plugin })
-    declare(app)
-    await app.ready()
-    return undefined
-  } catch (err) {
-    return err
-  } finally {
-    await app.close().catch(() => {})
-  }
-}
 
 const base = { capacity: 10, refillPerSecond: 1, failureMode: 'open' } as const
 const NUMBER = 'a finite number > 0'

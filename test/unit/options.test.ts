@@ -6,8 +6,8 @@
 // calls on a fake clock.
 
 import t from 'tap'
-import Fastify, { type FastifyInstance } from 'fastify'
-import tollgate, { type TollgateOptions } from '../../lib/index.js'
+import type { FastifyInstance } from 'fastify'
+import type { TollgateOptions } from '../../lib/index.js'
 import { createCore } from '../../lib/core/limiter.js'
 import {
   MAX_SUMMARY_MS, MAX_TIMEOUT, MAX_WAIT_MS, breaker, closest, deadlineMs, denialCache, hinted, ipv6Subnet, isBoolean, isFunction,
@@ -18,7 +18,7 @@ import { describe, messageOf, optionError } from '../../lib/core/errors.js'
 import { headerMode } from '../../lib/http/headers.js'
 import type { Policy } from '../../lib/core/types.js'
 import { FakeTime } from './helpers/fake-time.js'
-import { isOptionError, rejected, thrown, type Expected } from './helpers/option-error.js'
+import { isOptionError, registerError, rejected, routeError, thrown, type Expected } from './helpers/option-error.js'
 
 const NUMBER = 'a finite number > 0'
 const MODES = /one of ["']open["'], ["']closed["'], ["']local["']/
@@ -191,34 +191,7 @@ t.test('limit and headers: express-rate-limit\'s values are told their meaning',
   t.equal(hinted('x', 1, 'y', 'z').message, 'tollgate: `x` must be y, got 1: z')
 })
 
-/** The error of registering the plugin with `options` on the in-process store (undefined when it registers). */
-async function registerError (options: unknown): Promise<unknown> {
-  const app = Fastify()
-  try {
-    await app.register(tollgate, options as TollgateOptions)
-    await app.ready()
-    return undefined
-  } catch (err) {
-    return err
-  } finally {
-    await app.close().catch(() => {})
-  }
-}
 
-/** The error of declaring routes on an app with the plugin (undefined when none). */
-async function routeError (plugin: Partial<TollgateOptions>, declare: (app: FastifyInstance) => void): Promise<unknown> {
-  const app = Fastify()
-  try {
-    await app.register(tollgate, { failureMode: 'open', ...plugin })
-    declare(app)
-    await app.ready()
-    return undefined
-  } catch (err) {
-    return err
-  } finally {
-    await app.close().catch(() => {})
-  }
-}
 
 const base = { capacity: 10, refillPerSecond: 1, failureMode: 'open' } as const
 

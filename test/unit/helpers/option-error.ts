@@ -2,7 +2,9 @@
 // TypeError with code TOLLGATE_INVALID_OPTION whose message names the
 // option, the value and what is expected.
 
+import Fastify, { type FastifyInstance } from 'fastify'
 import type t from 'tap'
+import tollgate, { type TollgateOptions } from '../../../lib/index.js'
 
 /** A tap test object, as passed to a t.test callback. */
 export type Test = Parameters<Parameters<typeof t.test>[0]>[0]
@@ -54,4 +56,33 @@ export function memoryLog (): { logger: { warn: (o: object, m: string) => void, 
   const lines: Array<{ level: string, obj: Record<string, unknown>, msg: string }> = []
   const at = (level: string) => (obj: object, msg: string): void => { lines.push({ level, obj: obj as Record<string, unknown>, msg }) }
   return { lines, logger: { warn: at('warn'), info: at('info'), error: at('error') } }
+}
+
+/** The error of registering the plugin with `options` (undefined when it registers). */
+export async function registerError (options: unknown): Promise<unknown> {
+  const app = Fastify()
+  try {
+    await app.register(tollgate, options as TollgateOptions)
+    await app.ready()
+    return undefined
+  } catch (err) {
+    return err
+  } finally {
+    await app.close().catch(() => {})
+  }
+}
+
+/** The error of declaring routes on an app with the plugin (undefined when none). */
+export async function routeError (plugin: Partial<TollgateOptions>, declare: (app: FastifyInstance) => void): Promise<unknown> {
+  const app = Fastify()
+  try {
+    await app.register(tollgate, { failureMode: 'open', ...plugin })
+    declare(app)
+    await app.ready()
+    return undefined
+  } catch (err) {
+    return err
+  } finally {
+    await app.close().catch(() => {})
+  }
 }
