@@ -73,11 +73,13 @@ const CONFIGS = [
   { id: 'frl-local', label: '@fastify/rate-limit, in-process store' },
   { id: 'frl-redis', label: '@fastify/rate-limit, Redis store' },
   { id: 'round-trip', label: 'bare Fastify plus one Redis round trip per request, and nothing else (a hook awaiting EVALSHA of `return 1`): the floor of any limiter that asks Redis on every request' },
-  { id: 'tollgate-exact', label: 'tollgate, exact (a script call per request)' },
+  { id: 'tollgate-exact', label: 'tollgate, exact (the decisions of one event-loop turn in one script call)' },
+  { id: 'tollgate-single', label: 'tollgate, exact with `batch: false` (a script call per request, as before batching)' },
   { id: 'tollgate-cached', label: 'tollgate, local caches (denial cache; leases on W2 and W3)' },
   { id: 'express-bare', label: 'bare Express 5' },
   { id: 'erl-redis', label: 'express-rate-limit with rate-limit-redis, on Express 5' },
-  { id: 'express-tollgate-exact', label: 'tollgate/express, exact (a script call per request), on Express 5' },
+  { id: 'express-tollgate-exact', label: 'tollgate/express, exact (batched per event-loop turn), on Express 5' },
+  { id: 'express-tollgate-single', label: 'tollgate/express, exact with `batch: false`, on Express 5' },
   { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' },
   { id: 'hono-bare', label: 'bare Hono 4 on @hono/node-server' },
   { id: 'hrl-redis', label: 'hono-rate-limiter with its Redis store, on Hono 4' },
@@ -222,6 +224,10 @@ function appSpec (config, workload, features) {
     probePolicy: workload.probe?.policy
   }
   if (config.id.endsWith('tollgate-exact') && features.denialCache) spec.pluginExtra = { denialCache: false }
+  if (config.id.endsWith('tollgate-single')) {
+    if (!features.batch) return { unavailable: 'this build has no `batch` option' }
+    spec.pluginExtra = { denialCache: false, batch: false }
+  }
   if (config.id.endsWith('tollgate-cached')) {
     if (!features.denialCache) return { unavailable: 'this build has no `denialCache` option' }
     if (workload.lease !== undefined) {
@@ -373,7 +379,8 @@ async function main () {
 
   const features = {
     denialCache: await supports('denialCache', { denialCache: false }, {}),
-    lease: await supports('lease', {}, { lease: { tokens: 10, maxAgeMs: 100 } })
+    lease: await supports('lease', {}, { lease: { tokens: 10, maxAgeMs: 100 } }),
+    batch: await supports('batch', { batch: false }, {})
   }
   process.stderr.write(`tollgate options: denialCache ${features.denialCache ? 'yes' : 'no'}, lease ${features.lease ? 'yes' : 'no'}\n`)
 
