@@ -10,7 +10,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { GlideClient } from '@valkey/valkey-glide'
 import { Redis } from 'ioredis'
-import { createClient } from 'redis'
+import { createClient, RESP_TYPES } from 'redis'
 import t from 'tap'
 import { SUBSCRIBER_NAME } from '../lib/core/invalidation.js'
 import { rateLimit } from '../lib/express.js'
@@ -240,4 +240,24 @@ t.test('GLIDE: a client that shows no configuration is named so, and gets no sub
   t.equal(await subscribers(), before, 'no subscriber client made')
   t.match(await limiter.consume('c', { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }), { allowed: true, source: 'store' }, 'decided by Redis')
   t.same(quiet.lines, [], 'the limiter closed at once logged nothing')
+})
+
+t.test('a node-redis client that maps integers to strings: the replies are read as numbers, one decision or a batch', async (t) => {
+  const node = createClient({ url: server.url })
+  node.on('error', () => {})
+  await node.connect()
+  t.teardown(() => node.destroy())
+  const strings = node.withTypeMapping({ [RESP_TYPES.NUMBER]: String })
+  t.equal(await strings.sendCommand(['EVAL', 'return 5', '0']), '5', 'the client hands integers over as strings')
+  const limiter = createLimiter({ redis: strings, prefix: `edges${++prefixes}`, timeout: 2000, logger: logger() })
+  t.teardown(() => limiter.close())
+  const policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' } as const
+  t.match(await limiter.consume('one', policy), { allowed: true, remaining: 4, source: 'store' }, 'alone')
+  const both = await Promise.all([limiter.consume('a', policy), limiter.consume('a', policy), limiter.consume('b', { ...policy, cost: 5 })])
+  t.same(both.map((d) => [d.source, d.remaining]), [['store', 4], ['store', 3], ['store', 0]], 'a batch of three')
+  t.match(await limiter.peek('a', { ...policy, maxWaitMs: 100 }), { allowed: true, remaining: 3, source: 'store' }, 'the reservations\' script')
+  const reserved = await limiter.reserve('r', policy, 2)
+  t.match(reserved.decision, { allowed: true, remaining: 3, source: 'store' }, 'a reserve')
+  await limiter.settle(reserved, 1)
+  t.match(await limiter.peek('r', policy), { remaining: 4 }, 'and its settlement')
 })

@@ -8,6 +8,7 @@ import {
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
 import { slotOf } from './slot.js'
+import { isNumbers, lengthOf, numberAt, numberOf, unexpectedReply } from './reply.js'
 
 // Each script is sent by its SHA-1 (EVALSHA), computed once; a NOSCRIPT
 // answer (a script flush, a restart, a failover to a replica that never
@@ -48,7 +49,7 @@ export interface RedisStoreOptions {
 }
 
 /** A plain decision waiting for the end of the event-loop turn. */
-interface Pending {
+export interface Pending {
   readonly specs: readonly BucketSpec[]
   readonly consume: boolean
   readonly sent: (() => void) | undefined
@@ -79,33 +80,56 @@ export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec):
   args.push(spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
 }
 
-/** One request's part of lua/token-bucket-batch.lua's flat reply, from `at`. */
-function batchReply (values: readonly number[], at: number, specs: readonly BucketSpec[]): StoreReply {
+// Script names, for the errors of replies of another shape.
+const SINGLE = 'lua/token-bucket.lua'
+const BATCH = 'lua/token-bucket-batch.lua'
+const EXT = 'lua/token-bucket-ext.lua'
+const LEASE_S = 'lua/lease.lua'
+const SETTLE_S = 'lua/settle.lua'
+
+/**
+ * One request's decision from an array reply of one integer per bucket,
+ * from `at`: lua/token-bucket.lua's for several buckets, or its part of
+ * lua/token-bucket-batch.lua's flat reply.
+ */
+function bucketsReply (reply: unknown, at: number, specs: readonly BucketSpec[], script: string): StoreReply {
   const buckets: BucketState[] = []
   let allowed = true
-  for (let i = 0; i < specs.length; i++) {
-    const value = values[at + i] as number
+  let i = at
+  for (const spec of specs) {
+    const value = numberAt(reply, i++, script)
     if (value < 0) allowed = false
-    buckets.push(bucketState(value, specs[i] as BucketSpec))
+    buckets.push(bucketState(value, spec))
   }
   return { allowed, buckets }
 }
 
+/**
+ * Answers each decision of a batch from lua/token-bucket-batch.lua's flat
+ * reply, `buckets` numbers in all. Every decision's numbers are checked
+ * before any is answered: a reply of another shape fails them all alike.
+ */
+export function answerBatch (part: readonly Pending[], buckets: number, reply: unknown): void {
+  if (!isNumbers(reply, buckets)) {
+    const err = unexpectedReply(BATCH, reply)
+    for (const p of part) p.reject(err)
+    return
+  }
+  let at = 0
+  for (const p of part) {
+    p.resolve(bucketsReply(reply, at, p.specs, BATCH))
+    at += p.specs.length
+  }
+}
+
 /** lua/token-bucket.lua's reply: one integer per bucket (a bare integer for one bucket). */
 function storeReply (reply: unknown, specs: readonly BucketSpec[]): StoreReply {
-  if (specs.length === 1) {
-    const value = reply as number
-    return { allowed: value >= 0, buckets: [bucketState(value, specs[0] as BucketSpec)] }
+  const [only] = specs
+  if (specs.length === 1 && only !== undefined) {
+    const value = numberOf(reply, SINGLE)
+    return { allowed: value >= 0, buckets: [bucketState(value, only)] }
   }
-  const values = reply as number[]
-  const buckets: BucketState[] = []
-  let allowed = true
-  for (let i = 0; i < specs.length; i++) {
-    const value = values[i] as number
-    if (value < 0) allowed = false
-    buckets.push(bucketState(value, specs[i] as BucketSpec))
-  }
-  return { allowed, buckets }
+  return bucketsReply(reply, 0, specs, SINGLE)
 }
 
 /**
@@ -237,6 +261,7 @@ export class RedisStore implements Store, LeaseStore {
     }
     const slots = new Map<number, Pending[]>()
     for (const p of pending) {
+      // A decision has one bucket at least, and all of a client's share its hash tag.
       const slot = slotOf((p.specs[0] as BucketSpec).key)
       const group = slots.get(slot)
       if (group === undefined) slots.set(slot, [p])
@@ -249,9 +274,10 @@ export class RedisStore implements Store, LeaseStore {
   #send (group: Pending[]): void {
     const max = this.#batchMax
     for (let from = 0; from < group.length; from += max) {
-      const to = Math.min(group.length, from + max)
-      if (to - from === 1) this.#alone(group[from] as Pending, true)
-      else this.#batch(group, from, to)
+      const part = group.slice(from, from + max)
+      const [only] = part
+      if (part.length === 1 && only !== undefined) this.#alone(only, true)
+      else this.#batch(part)
     }
   }
 
@@ -261,13 +287,14 @@ export class RedisStore implements Store, LeaseStore {
     this.#single(p.specs, p.consume).then(p.resolve, p.reject)
   }
 
-  /** `group[from..to)` in one call of lua/token-bucket-batch.lua. */
-  #batch (group: readonly Pending[], from: number, to: number): void {
+  /** `part` in one call of lua/token-bucket-batch.lua. */
+  #batch (part: readonly Pending[]): void {
     const keys: string[] = []
     const index = new Map<string, number>()
     const argv: Array<string | number> = []
-    for (let i = from; i < to; i++) {
-      const { specs, consume } = group[i] as Pending
+    let buckets = 0
+    for (const { specs, consume } of part) {
+      buckets += specs.length
       argv.push(consume ? '1' : '0', specs.length)
       for (const spec of specs) {
         let k = index.get(spec.key)
@@ -282,23 +309,15 @@ export class RedisStore implements Store, LeaseStore {
     const args: Array<string | number> = keys
     for (const arg of argv) args.push(arg)
     const numKeys = index.size
-    for (let i = from; i < to; i++) (group[i] as Pending).sent?.()
+    for (const p of part) p.sent?.()
     const redis = this.#redis
-    const answer = (reply: unknown): void => {
-      const values = reply as number[]
-      let at = 0
-      for (let i = from; i < to; i++) {
-        const p = group[i] as Pending
-        p.resolve(batchReply(values, at, p.specs))
-        at += p.specs.length
-      }
-    }
+    const answer = (reply: unknown): void => { answerBatch(part, buckets, reply) }
     const refused = (err: unknown): void => {
       if (refusedContent(err)) {
-        for (let i = from; i < to; i++) this.#alone(group[i] as Pending, false)
+        for (const p of part) this.#alone(p, false)
         return
       }
-      for (let i = from; i < to; i++) (group[i] as Pending).reject(err)
+      for (const p of part) p.reject(err)
     }
     redis.evalsha(TOKEN_BUCKET_BATCH.sha, numKeys, args).then(answer, (err: unknown) => {
       if (!redis.isNoScript(err)) return refused(err)
@@ -316,17 +335,17 @@ export class RedisStore implements Store, LeaseStore {
     const reply = await this.#run(TOKEN_BUCKET_EXT, 2, [
       spec.key, lockKey(spec.key), mode, window, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond, window + spec.maxWaitUs,
       lockout?.after ?? 0, lockout?.withinMs ?? 0, (lockout?.forMs ?? 0) * 1000
-    ]) as [number, number]
-    return extReply(reply[0], reply[1], spec)
+    ])
+    return extReply(numberAt(reply, 0, EXT), numberAt(reply, 1, EXT), spec)
   }
 
   async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
     this.#ready()
-    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom]) as unknown[]
+    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom])
     return {
-      taken: Number(reply[0]),
-      nowUs: Number(reply[1]),
-      bucket: { remaining: Number(reply[2]), fullInUs: Number(reply[3]), waitUs: Number(reply[4]) }
+      taken: numberAt(reply, 0, LEASE_S),
+      nowUs: numberAt(reply, 1, LEASE_S),
+      bucket: { remaining: numberAt(reply, 2, LEASE_S), fullInUs: numberAt(reply, 3, LEASE_S), waitUs: numberAt(reply, 4, LEASE_S) }
     }
   }
 
@@ -336,12 +355,18 @@ export class RedisStore implements Store, LeaseStore {
     const args: Array<string | number> = settleKeys(specs)
     args.push('1')
     for (const spec of specs) pushBucketArgs(args, spec)
-    const values = await this.#run(SETTLE, 2 * specs.length, args) as number[]
+    const reply = await this.#run(SETTLE, 2 * specs.length, args)
     const n = specs.length
-    const buckets = specs.map((spec, i) => bucketState(values[i] as number, spec))
-    const allowed = values.length > n
+    const buckets = specs.map((spec, i) => bucketState(numberAt(reply, i, SETTLE_S), spec))
+    // The marks follow the buckets' values, three a bucket, only when allowed.
+    const allowed = lengthOf(reply, SETTLE_S) > n
     const marks: ReserveMark[] = []
-    if (allowed) for (let i = 0; i < n; i++) marks.push({ epoch: values[n + 3 * i] as number, mark: values[n + 3 * i + 1] as number, floor: values[n + 3 * i + 2] as number })
+    if (allowed) {
+      for (let i = 0; i < n; i++) {
+        const at = n + 3 * i
+        marks.push({ epoch: numberAt(reply, at, SETTLE_S), mark: numberAt(reply, at + 1, SETTLE_S), floor: numberAt(reply, at + 2, SETTLE_S) })
+      }
+    }
     return { allowed, buckets, marks }
   }
 
@@ -350,12 +375,14 @@ export class RedisStore implements Store, LeaseStore {
     this.#ready()
     const args: Array<string | number> = settleKeys(specs)
     args.push('2')
+    // One change and one mark per bucket: lib/core/settle.ts passes them so.
     for (let i = 0; i < specs.length; i++) {
       const spec = specs[i] as BucketSpec
       const { epoch, mark, floor } = marks[i] as ReserveMark
       args.push(spec.capacity * (1e6 / spec.refillPerSecond), changes[i] as number, epoch, mark, floor)
     }
-    return await this.#run(SETTLE, 2 * specs.length, args) as number[]
+    const reply = await this.#run(SETTLE, 2 * specs.length, args)
+    return specs.map((_, i) => numberAt(reply, i, SETTLE_S))
   }
 
   /**
