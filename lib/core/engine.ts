@@ -7,6 +7,12 @@
 // decides synchronously, with nothing to fail. With `redis`, a Remote
 // (lib/core/remote.ts) holds what only a remote store needs, so each path
 // branches once on whether there is one, never on casts.
+//
+// The `as` left here read a list at an index that holds something by
+// construction, which TypeScript's noUncheckedIndexedAccess cannot see: a
+// list of policies is never empty (createLimiter and route compilation
+// refuse an empty one), a decision has one BucketSpec per policy, in order
+// (specsOf), and a lease or a lockout serves a list of one.
 
 import diagnostics from 'node:diagnostics_channel'
 import type { Clock } from './deadline.js'

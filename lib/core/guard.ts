@@ -194,12 +194,14 @@ export class Guard {
     done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
     let deadline: Deadline | undefined
     const start = (): Deadline => {
-      deadline ??= this.#deadlines.start(timeoutMs, (err) => {
-        this.#observer?.call(this.#clock() - (deadline as Deadline).startedAt, 'timeout')
+      if (deadline !== undefined) return deadline
+      const started = this.#deadlines.start(timeoutMs, (err) => {
+        this.#observer?.call(this.#clock() - started.startedAt, 'timeout')
         this.#failed(err, probe)
         failed(err)
       })
-      return deadline
+      deadline = started
+      return started
     }
     let sent: Promise<T>
     try {

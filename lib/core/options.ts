@@ -330,6 +330,7 @@ export function closest (name: string, known: readonly string[]): string | undef
   return bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : undefined
 }
 
+/** Levenshtein's distance; each row has b.length + 1 entries, so its reads are in range (the `as`). */
 function distance (a: string, b: string): number {
   let previous = Array.from({ length: b.length + 1 }, (_, i) => i)
   for (let i = 1; i <= a.length; i++) {

@@ -125,8 +125,7 @@ export function unsettled (policy: Policy, where: string): void {
  */
 export function checkPolicies (list: readonly Policy[], where = 'policy'): void {
   if (list.length < 2) return
-  for (let i = 0; i < list.length; i++) {
-    const policy = list[i] as Policy
+  for (const [i, policy] of list.entries()) {
     for (const name of ['lockout', 'maxWaitMs'] as const) {
       if (policy[name] !== undefined) throw optionError(`${where}[${i}].${name}`, policy[name], 'unset in an array of policies (it serves single-policy checks)')
     }

@@ -377,7 +377,7 @@ export class RedisStore implements Store, LeaseStore {
     args.push('2')
     // One change and one mark per bucket: lib/core/settle.ts passes them so.
     for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i] as BucketSpec
+      const spec = specs[i] as BucketSpec // i < specs.length
       const { epoch, mark, floor } = marks[i] as ReserveMark
       args.push(spec.capacity * (1e6 / spec.refillPerSecond), changes[i] as number, epoch, mark, floor)
     }

@@ -21,6 +21,7 @@ export function slotOf (key: string): number {
   }
   const bytes = Buffer.from(tag, 'utf8')
   let crc = 0
+  // The index is masked to 0..255, the table's length (the `as`).
   for (const byte of bytes) crc = ((crc << 8) & 0xffff) ^ (TABLE[((crc >> 8) ^ byte) & 0xff] as number)
   return crc & 0x3fff
 }

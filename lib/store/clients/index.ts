@@ -1,5 +1,8 @@
 // The client families tollgate takes, told apart by what the object has,
-// never by importing a client package: each is an optional peer.
+// never by importing a client package: each is an optional peer. Without
+// the packages' types, the adapters here read a client through the members
+// they have just checked it has (the `as` of this folder: a record to
+// look into, then the family's own shape once recognised).
 
 import type { RedisClient, StoreClient } from '../client.js'
 import { glideClient, isGlide } from './glide.js'
