@@ -72,16 +72,23 @@ export function createCore (options: LimiterOptions = {}, time: Time = realTime)
   checkLimiterOptions(input)
   const parts = wire(options, time)
   const engine = new Engine(parts)
-  const limiter = facade(engine, parts)
   const guard = parts.remote?.guard
+  // Once per limiter, whoever asks first: the adapters' start-up wait, or
+  // the app through `limiter.ready`.
+  let warming: Promise<void> | undefined
+  const warm = (): Promise<void> => {
+    warming ??= (async () => {
+      const refused = await parts.remote?.store.warm(`${parts.prefix}:warm`)
+      if (refused !== undefined) guard?.down(refused)
+    })()
+    return warming
+  }
+  const limiter = facade(engine, parts, warm)
   return {
     limiter,
     decide: (clientKey, list, costs, consume) => engine.decide(clientKey, list, costs, consume),
     reserve: (clientKey, list, costs) => engine.reserve(clientKey, list, costs),
-    async warm () {
-      const refused = await parts.remote?.store.warm(`${parts.prefix}:warm`)
-      if (refused !== undefined) guard?.down(refused)
-    },
+    warm,
     // Only the adapters call `down`, and only with a `redis`, hence a guard.
     down: (err: StoreError, message: string) => { guard?.down(err, message) },
     endWaits: () => { parts.waiters.close() }
@@ -133,7 +140,7 @@ function isList (input: Policy | readonly Policy[]): input is readonly Policy[] 
 }
 
 /** The public limiter over an engine: every argument checked here, once. */
-function facade (engine: Engine, parts: EngineParts): Limiter {
+function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>): Limiter {
   const checked = new WeakSet<object>()
 
   function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
@@ -188,6 +195,9 @@ function facade (engine: Engine, parts: EngineParts): Limiter {
     close: () => engine.close(),
     get state () {
       return parts.remote?.guard.state ?? 'healthy'
+    },
+    get ready () {
+      return warm()
     }
   }
 }

@@ -198,6 +198,14 @@ export interface Limiter {
    * the scripts) until a success.
    */
   readonly state: 'healthy' | 'failing'
+  /**
+   * Loads the scripts into Redis (every master of a Cluster) and makes one
+   * peek, as the adapters do before they serve: resolves once done, never
+   * rejects (a Redis that cannot run the scripts turns the limiter
+   * 'failing'). Started by the first read of `ready`, once; decisions do
+   * not wait for it. Without `redis`, resolved at once.
+   */
+  readonly ready: Promise<void>
 }
 
 /** A message of the `tollgate:decision` channel: one per decision. */
