@@ -57,7 +57,9 @@ export class FailingStore implements Store {
     }
   }
 
-  decide (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
+  /** Sent at once: `sent` is called before the call is made (lib/store/store.ts Store.decide). */
+  decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply> {
+    sent?.()
     return this.#call(() => this.#inner.decideSync(specs, consume))
   }
 
