@@ -140,6 +140,9 @@ export interface TimedReply {
   beforeUs: number
   /** Redis's clock after it ran: the script's `now` is at or before it. */
   afterUs: number
+  /** With `read`: that key's value and PEXPIRETIME (ms), read in the same MULTI. */
+  value?: unknown
+  expireAtMs?: unknown
 }
 
 /** Microseconds from a TIME reply. */
@@ -183,16 +186,24 @@ export class LuaRunner {
    * microseconds. Loads the script first (EVALSHA inside MULTI cannot fall
    * back to EVAL), and once more if another test flushed the script cache.
    */
-  async timed (keys: readonly string[], args: ReadonlyArray<string | number>): Promise<{ reply: unknown, beforeUs: number, afterUs: number }> {
+  /**
+   * The script between two TIMEs in one MULTI; with `read`, that key's
+   * value and PEXPIRETIME too, in the same MULTI (so a key that expires
+   * soon after is still read as the script left it, however busy the
+   * machine).
+   */
+  async timed (keys: readonly string[], args: ReadonlyArray<string | number>, read?: string): Promise<{ reply: unknown, beforeUs: number, afterUs: number, value?: unknown, expireAtMs?: unknown }> {
     for (let attempt = 1; ; attempt++) {
       await this.redis.script('LOAD', this.lua)
-      const results = await this.redis.multi().time().evalsha(this.sha, keys.length, ...keys, ...args).time().exec()
+      const multi = this.redis.multi().time().evalsha(this.sha, keys.length, ...keys, ...args).time()
+      if (read !== undefined) multi.get(read).pexpiretime(read)
+      const results = await multi.exec()
       if (results === null) throw new Error('MULTI was discarded')
-      const [time1, reply, time2] = results as Array<[Error | null, unknown]>
+      const [time1, reply, time2, value, expireAt] = results as Array<[Error | null, unknown]>
       const err = reply?.[0]
       if (err instanceof Error && err.message.startsWith('NOSCRIPT') && attempt < 3) continue
       for (const entry of results) if (entry[0] !== null) throw entry[0]
-      return { reply: reply?.[1], beforeUs: timeMicros(time1?.[1]), afterUs: timeMicros(time2?.[1]) }
+      return { reply: reply?.[1], beforeUs: timeMicros(time1?.[1]), afterUs: timeMicros(time2?.[1]), value: value?.[1], expireAtMs: expireAt?.[1] }
     }
   }
 }
@@ -216,10 +227,10 @@ export class ScriptRunner {
   }
 
   /** The reply, with Redis's clock read just before and just after the script. */
-  async timed (specs: readonly ScriptSpec[], consume: boolean): Promise<TimedReply> {
+  async timed (specs: readonly ScriptSpec[], consume: boolean, read?: string): Promise<TimedReply> {
     const [keys, args] = split(specs, consume)
-    const { reply, beforeUs, afterUs } = await this.#runner.timed(keys, args)
-    return { values: parseValues(reply, specs.length), beforeUs, afterUs }
+    const { reply, beforeUs, afterUs, value, expireAtMs } = await this.#runner.timed(keys, args, read)
+    return { values: parseValues(reply, specs.length), beforeUs, afterUs, value, expireAtMs }
   }
 }
 
