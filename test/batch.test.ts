@@ -180,6 +180,7 @@ t.test('a decision without a sent hook is batched too (the guard\'s run path)', 
 t.test('the deadline counts from the batch being sent: a turn the app keeps busy is not Redis being late', async (t) => {
   const redis = await client(t)
   const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 20, denialCache: false })
+  await limiter.ready // both scripts loaded: no NOSCRIPT round trip inside a 20 ms deadline
   await limiter.consume('warm', POLICY)
   for (let round = 0; round < 5; round++) {
     const asked: Array<Promise<Decision>> = []

@@ -28,6 +28,7 @@ function busy (ms: number): void {
 t.test('a reply waiting in the socket when the deadline timer fires wins', async (t) => {
   const redis = await sharedRedis(t)
   const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 10 })
+  await limiter.ready
   t.equal((await limiter.consume('warm', POLICY)).source, 'store', 'warm-up')
   const deadlines = new Deadlines()
   for (let i = 0; i < 5; i++) {
