@@ -9,7 +9,6 @@
 // No matching script"): they are rewritten to Redis's form ("NOSCRIPT No
 // matching script"), which the rest of tollgate reads.
 
-import { messageOf } from '../../core/errors.js'
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress } from './address.js'
 
@@ -40,7 +39,8 @@ const CODES: Record<string, string> = { NoScriptError: 'NOSCRIPT', PermissionDen
 
 /** A GLIDE reply error in Redis's form (its original as `cause`); any other error as it is. */
 function redisError (err: unknown): unknown {
-  const match = SERVER_ERROR.exec(messageOf(err))
+  // Object() boxes a value that is no object, whose message reads undefined.
+  const match = SERVER_ERROR.exec(String(Reflect.get(Object(err), 'message')))
   if (match === null) return err
   const kind = match[1] as string
   return new Error(`${CODES[kind] ?? kind} ${match.input.slice(match[0].length)}`, { cause: err })
