@@ -22,26 +22,6 @@ const base = { capacity: 10, refillPerSecond: 1, failureMode: 'open' } as const
 const NUMBER = 'a finite number > 0'
 const MODES = /one of ["']open["'], ["']closed["'], ["']local["']/
 
-t.test('a valid registration registers', async (t) => {
-  t.equal(await registerError(base), undefined, 'the baseline below is valid on its own')
-  t.equal(await registerError({
-    ...base,
-    cost: 2,
-    failureMode: 'local',
-    local: { capacity: 5, refillPerSecond: 0.5 },
-    key: () => 'k',
-    bucket: 'b',
-    timeout: 50,
-    headers: false,
-    global: false,
-    hook: 'preHandler',
-    allow: () => false,
-    prefix: 'app-1.v2:rl_x',
-    ipv6Subnet: 128,
-    breaker: { failures: 1, cooldownMs: 0.5 }
-  }), undefined, 'every option at once')
-})
-
 t.test('invalid plugin options', async (t) => {
   const cases: Array<[string, Record<string, unknown>, Expected]> = [
     ['options not an object', 'x' as unknown as Record<string, unknown>, { name: 'options', got: '"x"', expect: 'an object' }],
