@@ -5,7 +5,8 @@
 // EVALSHA. Per script: Redis time per call (usec / calls of EVALSHA, a
 // wall-clock figure that grows when Redis is descheduled mid-call on a busy
 // machine), Redis CPU time per call (INFO cpu: the whole server, reading
-// and answering included) and bytes per bucket.
+// and answering included) and bytes per bucket. tollgate's batched script
+// is measured as lib sends it, 32 decisions a call, and read per decision.
 //
 // bench/run.mjs uses SCRIPTS, defineScripts and measureScript. Run alone
 // (`node bench/lua.mjs`), this file starts its own redis-server and prints
@@ -23,14 +24,18 @@ const require = createRequire(import.meta.url)
 const RateLimitRedisStore = require('@fastify/rate-limit/store/RedisStore.js')
 
 const TOLLGATE_LUA = readFileSync(new URL('../lua/token-bucket.lua', import.meta.resolve('tollgate')), 'utf8')
+const TOLLGATE_BATCH_LUA = readFileSync(new URL('../lua/token-bucket-batch.lua', import.meta.resolve('tollgate')), 'utf8')
 const SEED_LUA = readFileSync(new URL('./seed-token-bucket.lua', import.meta.url), 'utf8')
 
 const CAPACITY = 100
 const REFILL = 10
 const BATCH = 200
+/** Decisions per call of the batched script: a turn of 32 requests in flight. */
+const PER_BATCH = 32
 
 export const SCRIPTS = [
   { name: 'tollgate', label: 'tollgate lua/token-bucket.lua (one integer)' },
+  { name: 'tollgateBatch', label: `tollgate lua/token-bucket-batch.lua, ${PER_BATCH} decisions a call`, per: PER_BATCH },
   { name: 'seed', label: 'design note script (two-field hash)' },
   { name: 'frl', label: '@fastify/rate-limit Redis store (INCR counter)' },
   { name: 'empty', label: 'empty script (`return 1`): what any EVALSHA costs' }
@@ -42,6 +47,7 @@ const ALONE = [
   { name: 'tollgate', label: 'tollgate, one policy' },
   { name: 'tollgate2', label: 'tollgate, two policies' },
   { name: 'tollgate3', label: 'tollgate, three policies' },
+  { name: 'tollgateBatch', label: `tollgate, batched, ${PER_BATCH} decisions a call (time per decision)`, per: PER_BATCH },
   { name: 'frl', label: '@fastify/rate-limit Redis store (INCR counter)' },
   { name: 'empty', label: 'empty script (`return 1`)' }
 ]
@@ -61,6 +67,7 @@ function tollgateArgs (policies) {
 /** Defines the scripts on `redis`; returns, per name, its key names and how to queue one decision on a pipeline. */
 export function defineScripts (redis) {
   redis.defineCommand('benchTollgate', { lua: TOLLGATE_LUA })
+  redis.defineCommand('benchTollgateBatch', { lua: TOLLGATE_BATCH_LUA })
   redis.defineCommand('benchSeed', { numberOfKeys: 1, lua: SEED_LUA })
   redis.defineCommand('benchEmpty', { numberOfKeys: 1, lua: 'return 1' })
   const frl = new RateLimitRedisStore(false, false, redis)
@@ -80,6 +87,22 @@ export function defineScripts (redis) {
   // @fastify/rate-limit's `<nameSpace><method><url>-<client>`.
   return {
     tollgate: { keyOf: (i) => `tollgate:{c${i}}:GET /w`, call: (p, key) => p.benchTollgate(1, key, ...one) },
+    // PER_BATCH decisions from key i on, as lib's RedisStore sends a turn's:
+    // the keys, then per decision its mode, its number of buckets, and per
+    // bucket its key's index and the three figures of tollgateArgs.
+    tollgateBatch: {
+      keyOf: (i) => `tollgate:{c${i}}:GET /w`,
+      per: PER_BATCH,
+      call: (p, _key, i, keyOf) => {
+        const keys = []
+        const args = []
+        for (let j = 0; j < PER_BATCH; j++) {
+          keys.push(keyOf(i + j))
+          args.push('1', 1, j + 1, ...tollgateArgs(1).slice(1))
+        }
+        return p.benchTollgateBatch(keys.length, ...keys, ...args)
+      }
+    },
     tollgate2: several(2),
     tollgate3: several(3),
     seed: { keyOf: (i) => `tollgate:{c${i}}:GET /w`, call: (p, key) => p.benchSeed(key, CAPACITY, REFILL, 1) },
@@ -88,27 +111,33 @@ export function defineScripts (redis) {
   }
 }
 
-/** One measurement of one script on an empty database. */
-export async function measureScript (redis, { keyOf, call }, { calls, keys }) {
+/**
+ * One measurement of one script on an empty database: Redis time per call
+ * and per decision (the same but for a batched script), Redis CPU per call,
+ * bytes per bucket.
+ */
+export async function measureScript (redis, { keyOf, call, per = 1 }, { calls, keys }) {
   await redis.flushall()
   const key = (i) => keyOf(i % keys)
-  await run(redis, call, keys, key) // creates every bucket and loads the script
+  await run(redis, call, per, keys, key) // creates every bucket and loads the script
   const before = await commandStats(redis)
   const cpuBefore = await redisCpuUs(redis)
-  await run(redis, call, calls, key)
+  await run(redis, call, per, calls, key)
   const cpu = await redisCpuUs(redis) - cpuBefore
   const delta = statsDelta(before, await commandStats(redis))
   return {
     usPerCall: delta.scriptUsec / delta.scriptCalls,
+    usPerDecision: delta.scriptUsec / (delta.scriptCalls * per),
     cpuUsPerCall: cpu / delta.scriptCalls,
     memory: await bucketMemory(redis, '*')
   }
 }
 
-async function run (redis, call, calls, keyOf) {
-  for (let done = 0; done < calls; done += BATCH) {
+/** `calls` decisions, `per` a call, pipelined BATCH calls at a time. */
+async function run (redis, call, per, calls, keyOf) {
+  for (let done = 0; done < calls; done += BATCH * per) {
     const pipeline = redis.pipeline()
-    for (let i = done; i < Math.min(calls, done + BATCH); i++) call(pipeline, keyOf(i))
+    for (let i = done; i < Math.min(calls, done + BATCH * per); i += per) call(pipeline, keyOf(i), i, keyOf)
     for (const [err] of await pipeline.exec()) if (err !== null) throw err
   }
 }
@@ -134,15 +163,15 @@ async function main () {
       // A different script goes first in each round, so none always runs on a cold machine.
       for (let i = 0; i < ALONE.length; i++) {
         const { name } = ALONE[(i + round) % ALONE.length]
-        times[name].push((await measureScript(redis, scripts[name], { calls, keys: 1000 })).usPerCall)
+        times[name].push((await measureScript(redis, scripts[name], { calls, keys: 1000 })).usPerDecision)
       }
     }
     const seed = median(times.seed)
     const out = [
       `Redis ${version}; ${rounds} rounds of ${calls} pipelined decisions over 1,000 buckets (capacity ${CAPACITY}, ${REFILL}/s, cost 1, ` +
-        'all allowed); Redis µs per call = usec / calls of EVALSHA in INFO commandstats; medians of the rounds.',
+        'all allowed); Redis µs per decision = usec of EVALSHA in INFO commandstats / decisions (a call decides one, but for the batched script); medians of the rounds.',
       '',
-      '| script | Redis µs/call | ratio to the seed | rounds |',
+      '| script | Redis µs/decision | ratio to the seed | rounds |',
       '| --- | ---: | ---: | --- |'
     ]
     for (const { name, label } of ALONE) {

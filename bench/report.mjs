@@ -20,6 +20,20 @@ function roundRange (ratios) {
   return finite.length < 2 ? '' : ` [${Math.min(...finite).toFixed(2)} to ${Math.max(...finite).toFixed(2)} within single rounds]`
 }
 
+/** Per framework: its bare app, its incumbent on Redis, tollgate exact and tollgate with `batch: false`. */
+const FRAMEWORKS = [
+  { name: 'Fastify', bare: 'bare', peer: 'frl-redis', peerLabel: '@fastify/rate-limit Redis store', exact: 'tollgate-exact', single: 'tollgate-single' },
+  { name: 'Express', bare: 'express-bare', peer: 'erl-redis', peerLabel: 'express-rate-limit + rate-limit-redis', exact: 'express-tollgate-exact', single: 'express-tollgate-single' },
+  { name: 'Hono', bare: 'hono-bare', peer: 'hrl-redis', peerLabel: 'hono-rate-limiter Redis store', exact: 'hono-tollgate-exact' }
+]
+
+/** The issue's target for tollgate exact / the incumbent, added CPU per request, by workload. */
+function cpuTarget (w) {
+  if (w.family === 'W1') return w.level === 1 ? 1.1 : w.level >= 32 ? 0.5 : undefined
+  if (w.id === 'W4') return 0.8
+  return undefined
+}
+
 function verdict (value, target) {
   if (value === undefined) return NA
   return value <= target ? 'meets' : 'misses'
@@ -52,11 +66,9 @@ export function report (run) {
     `fixed window (\`max\` = capacity per capacity / refillPerSecond seconds); its in-process store gets \`cache: ${run.frlLocalCache}\` so ` +
     'that it keeps every W1 client.')
   for (const w of workloads) {
-    let pace = w.rate === undefined ? `unpaced, ${w.connections} connections` : `paced at ${w.rate} req/s in all, ${w.connections} connections per server`
-    if (w.cpuRate !== undefined) {
-      pace += `; its CPU and Redis figures come from a second window of ${settings.seconds / 2} s paced at ${w.cpuRate} req/s ` +
-        'for every configuration (per-request CPU at saturation depends on the rate each configuration happens to reach)'
-    }
+    const pace = w.rate === undefined
+      ? `unpaced, ${w.connections} connection(s), so ${w.connections} request(s) in flight; CPU and Redis figures at the rate each configuration reaches`
+      : `paced at ${w.rate} req/s in all, ${w.connections} connections per server`
     const lease = w.lease === undefined ? '' : `; tollgate leases \`${JSON.stringify(w.lease)}\` in the local-caches configuration`
     out.push(`- **${w.id}**: ${w.label}: ${w.servers} app server(s), capacity ${w.policy.capacity}, ` +
       `refill ${w.policy.refillPerSecond}/s, ${pace}${lease}`)
@@ -64,19 +76,19 @@ export function report (run) {
   out.push('')
 
   out.push('## Results', '')
-  out.push('| workload | configuration | req/s | p50 ms | p99 ms | 2xx % | Node CPU µs/req | Redis calls/req | Redis cmds/req incl. in-script | Redis µs/call | Redis keys |')
-  out.push('| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+  out.push('| workload | configuration | req/s | p50 ms | p99 ms | 2xx % | Node CPU µs/req | Redis calls/req | Redis cmds/req incl. in-script | Redis µs/call | Redis µs/req | Redis keys |')
+  out.push('| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
   for (const w of workloads) {
     for (const c of configs) {
       const unavailable = cells(w.id, c.id)?.unavailable
       if (unavailable !== undefined || !ran(w.id, c.id)) {
-        out.push(`| ${w.id} | ${c.id} | ${NA} | ${NA} | ${NA} | ${NA} | ${NA} | ${NA} | ${NA} | ${NA} | ${NA} |`)
+        out.push(`| ${w.id} | ${c.id} |${` ${NA} |`.repeat(11)}`)
         continue
       }
       const m = (pick) => med(w.id, c.id, pick)
       out.push(`| ${w.id} | ${c.id} | ${fixed(m((x) => x.rps), 0)} | ${fixed(m((x) => x.p50), 2)} | ${fixed(m((x) => x.p99), 2)} | ` +
         `${fixed(m((x) => x.okPct), 1)} | ${fixed(m((x) => x.cpuUsPerReq), 1)} | ${fixed(m((x) => x.callsPerReq), 3)} | ` +
-        `${fixed(m((x) => x.statCallsPerReq), 3)} | ${fixed(m((x) => x.usPerCall), 2)} | ${fixed(m((x) => x.keys), 0)} |`)
+        `${fixed(m((x) => x.statCallsPerReq), 3)} | ${fixed(m((x) => x.usPerCall), 2)} | ${fixed(m((x) => x.redisUsPerReq), 2)} | ${fixed(m((x) => x.keys), 0)} |`)
     }
   }
   out.push('')
@@ -85,8 +97,61 @@ export function report (run) {
   out.push('- Redis cmds/req incl. in-script: the sum of `calls` over INFO commandstats (all commands but INFO), which also counts every ' +
     'command a script runs inside Redis (TIME, GET, SET, INCR, ...).')
   out.push('- Redis µs/call: `usec` / `calls` of EVALSHA and EVAL in INFO commandstats: Redis time per script call (wall clock inside Redis).')
+  out.push('- Redis µs/req: the same `usec` divided by the requests: Redis time per decision, whether a call carries one decision or a batch of them.')
   out.push('- Redis keys: DBSIZE as the load stops: the buckets Redis holds (each key expires when its bucket is full again, or at the end of its window).')
   out.push('')
+
+  const cpu = (w, c) => med(w, c, (x) => x.cpuUsPerReq)
+  const addedOver = (w, c, bare) => {
+    const base = cpu(w, bare)
+    const mine = cpu(w, c)
+    return base === undefined || mine === undefined ? undefined : mine - base
+  }
+  // The ratio within each round (configurations alternate within a round,
+  // so its cells ran minutes apart at most): its range is the spread.
+  const spreadOver = (w, c, peer, bare) => {
+    if (!ran(w, bare) || !ran(w, c) || !ran(w, peer)) return ''
+    const b = cells(w, bare)
+    return roundRange(cells(w, c).map((x, i) => (x.cpuUsPerReq - b[i]?.cpuUsPerReq) / (cells(w, peer)[i]?.cpuUsPerReq - b[i]?.cpuUsPerReq)))
+  }
+  const ratioOver = (w, c, peer, bare) => {
+    const mine = addedOver(w, c, bare)
+    const theirs = addedOver(w, peer, bare)
+    return mine === undefined || theirs === undefined ? undefined : mine / theirs
+  }
+  const levels = workloads.filter((w) => w.family === 'W1')
+  if (levels.length > 0) {
+    out.push('## Requests in flight (W1)', '')
+    out.push('Node CPU per request added over the bare framework, in µs, and its ratio to the incumbent\'s ' +
+      '(medians over rounds; in brackets, the ratio\'s range within single rounds); then requests per second and p99 latency. ' +
+      'Each column keeps that many requests in flight: one connection each, unpaced.', '')
+    for (const f of FRAMEWORKS) {
+      if (!ran(levels[0].id, f.bare)) continue
+      const rows = [f.peer, f.exact, f.single, f.bare === 'bare' ? 'round-trip' : undefined].filter((c) => c !== undefined && configs.some((x) => x.id === c))
+      out.push(`**${f.name}** (bare: ${levels.map((w) => fixed(cpu(w.id, f.bare), 1)).join(' / ')} µs per request)`, '')
+      out.push(`| configuration | ${levels.map((w) => `${w.level} in flight`).join(' | ')} |`)
+      out.push(`| --- |${' ---: |'.repeat(levels.length)}`)
+      for (const c of rows) {
+        const cellsText = levels.map((w) => {
+          const added = addedOver(w.id, c, f.bare)
+          if (added === undefined) return NA
+          if (c === f.peer) return `${added.toFixed(1)}`
+          return `${added.toFixed(1)} (${fixed(ratioOver(w.id, c, f.peer, f.bare), 2)}×)${spreadOver(w.id, c, f.peer, f.bare)}`
+        })
+        out.push(`| ${c} | ${cellsText.join(' | ')} |`)
+      }
+      out.push('')
+      out.push(`| req/s · p99 ms | ${levels.map((w) => `${w.level} in flight`).join(' | ')} |`)
+      out.push(`| --- |${' ---: |'.repeat(levels.length)}`)
+      for (const c of [f.bare, ...rows]) {
+        const cellsText = levels.map((w) => ran(w.id, c)
+          ? `${fixed(med(w.id, c, (x) => x.rps), 0)} · ${fixed(med(w.id, c, (x) => x.p99), 2)}`
+          : NA)
+        out.push(`| ${c} | ${cellsText.join(' | ')} |`)
+      }
+      out.push('')
+    }
+  }
 
   const w3 = workloads.find((w) => w.id === 'W3')
   if (w3 !== undefined) {
@@ -124,82 +189,77 @@ export function report (run) {
     '(the whole server: reading, parsing and answering the pipelined calls included); bytes per bucket: MEMORY USAGE of a key ' +
     'minus the length of its name (mean of 200 keys), next to the MEMORY USAGE and name length it comes from: a string key ' +
     'holding a small integer costs Redis the same whatever the integer, so this figure falls as names grow. Medians over rounds.', '')
-  out.push('| script | Redis µs/call | Redis CPU µs/call | bytes/bucket | MEMORY USAGE | key name bytes |')
-  out.push('| --- | ---: | ---: | ---: | ---: | ---: |')
-  const alone = (name, pick) => median(lua[name].map(pick))
+  out.push('| script | Redis µs/call | Redis µs/decision | Redis CPU µs/call | bytes/bucket | MEMORY USAGE | key name bytes |')
+  out.push('| --- | ---: | ---: | ---: | ---: | ---: | ---: |')
   for (const s of scripts) {
-    out.push(`| ${s.label} | ${fixed(alone(s.name, (x) => x.usPerCall), 2)} | ${fixed(alone(s.name, (x) => x.cpuUsPerCall), 2)} | ` +
+    const alone = (name, pick) => median(lua[name].map(pick))
+    out.push(`| ${s.label} | ${fixed(alone(s.name, (x) => x.usPerCall), 2)} | ${fixed(alone(s.name, (x) => x.usPerDecision), 2)} | ${fixed(alone(s.name, (x) => x.cpuUsPerCall), 2)} | ` +
       `${fixed(alone(s.name, (x) => x.memory?.perBucket), 1)} | ${fixed(alone(s.name, (x) => x.memory?.usage), 1)} | ` +
       `${fixed(alone(s.name, (x) => x.memory?.keyLength), 1)} |`)
   }
   out.push('')
 
   out.push('## Against the targets', '')
-  const cpu = (w, c) => med(w, c, (x) => x.cpuUsPerReq)
-  const added = (w, c, peer) => {
-    const base = cpu(w, 'bare')
-    const mine = cpu(w, c)
-    const theirs = cpu(w, peer)
-    if (base === undefined || mine === undefined || theirs === undefined) return undefined
-    return (mine - base) / (theirs - base)
-  }
-  // The same ratio within each round (configurations alternate within a
-  // round, so its cells ran minutes apart at most): its range is the spread.
-  const spread = (w, c, peer) => {
-    if (!ran(w, 'bare') || !ran(w, c) || !ran(w, peer)) return ''
-    const bare = cells(w, 'bare')
-    return roundRange(cells(w, c).map((x, i) => (x.cpuUsPerReq - bare[i].cpuUsPerReq) / (cells(w, peer)[i].cpuUsPerReq - bare[i].cpuUsPerReq)))
-  }
-  for (const w of workloads) {
-    const exact = added(w.id, 'tollgate-exact', 'frl-redis')
-    const cached = added(w.id, 'tollgate-cached', 'frl-redis')
-    out.push(`- ${w.id}: Node CPU per request added over bare Fastify, tollgate / @fastify/rate-limit Redis store: ` +
-      `exact ${fixed(exact, 2)}${spread(w.id, 'tollgate-exact', 'frl-redis')} (${verdict(exact, 0.8)}), ` +
-      `local caches ${fixed(cached, 2)}${spread(w.id, 'tollgate-cached', 'frl-redis')} (${verdict(cached, 0.8)}); target <= 0.8`)
-  }
   const micros = (value) => value === undefined ? NA : `${value.toFixed(1)} µs`
+  for (const f of FRAMEWORKS) {
+    for (const w of workloads) {
+      if (!ran(w.id, f.bare) || !ran(w.id, f.exact) || !ran(w.id, f.peer)) continue
+      const ratio = ratioOver(w.id, f.exact, f.peer, f.bare)
+      const target = cpuTarget(w)
+      const single = ran(w.id, f.single ?? '') ? `; \`batch: false\` ${fixed(ratioOver(w.id, f.single, f.peer, f.bare), 2)}` : ''
+      const cached = `${f.exact.replace('-exact', '-cached')}`
+      const withCaches = ran(w.id, cached) ? `; local caches ${fixed(ratioOver(w.id, cached, f.peer, f.bare), 2)}` : ''
+      out.push(`- ${w.id}, ${f.name}: Node CPU per request added over bare ${f.name}, tollgate exact / ${f.peerLabel}: ` +
+        `${fixed(ratio, 2)}${spreadOver(w.id, f.exact, f.peer, f.bare)} (${micros(addedOver(w.id, f.exact, f.bare))} against ${micros(addedOver(w.id, f.peer, f.bare))})` +
+        (target === undefined ? '' : `, ${verdict(ratio, target)} the target <= ${target}`) + `${single}${withCaches}`)
+    }
+  }
   for (const w of workloads) {
     if (!ran(w.id, 'round-trip')) continue
-    const over = (c) => { const base = cpu(w.id, 'bare'); const mine = cpu(w.id, c); return base === undefined || mine === undefined ? undefined : mine - base }
-    const floor = over('round-trip')
-    const peer = over('frl-redis')
-    const exact = over('tollgate-exact')
+    const floor = addedOver(w.id, 'round-trip', 'bare')
+    const peer = addedOver(w.id, 'frl-redis', 'bare')
+    const exact = addedOver(w.id, 'tollgate-exact', 'bare')
     const above = (x) => x === undefined || floor === undefined ? NA : `${(x - floor).toFixed(1)} µs`
     out.push(`- ${w.id}: the floor, one Redis round trip per request and nothing else, adds ${micros(floor)} over bare Fastify ` +
       `(${fixed(floor === undefined || peer === undefined ? undefined : floor / peer, 2)} of @fastify/rate-limit's Redis store); ` +
       `above that floor, @fastify/rate-limit adds ${above(peer)} and tollgate exact ${above(exact)}`)
   }
-  const addedOver = (w, c, bare) => {
-    const base = cpu(w, bare)
-    const mine = cpu(w, c)
-    return base === undefined || mine === undefined ? undefined : mine - base
+  for (const f of FRAMEWORKS) {
+    if (f.single === undefined) continue
+    const pairs = workloads.filter((w) => ran(w.id, f.exact) && ran(w.id, f.single))
+    if (pairs.length === 0) continue
+    const text = pairs.map((w) => {
+      const batched = med(w.id, f.exact, (x) => x.p99)
+      const single = med(w.id, f.single, (x) => x.p99)
+      return `${w.id} ${fixed(batched, 2)} against ${fixed(single, 2)} (${verdict(batched / single, 1)})`
+    })
+    out.push(`- ${f.name}: p99 latency in ms, tollgate exact against \`batch: false\` (a script call per request, the path before batching; target: no worse): ${text.join('; ')}`)
   }
+  const alone = (name, pick) => lua[name] === undefined ? undefined : median(lua[name].map(pick))
+  const usSeed = alone('seed', (x) => x.usPerDecision)
+  const usIncr = alone('frl', (x) => x.usPerDecision)
   for (const w of workloads) {
-    if (!ran(w.id, 'express-bare')) continue
-    const erl = addedOver(w.id, 'erl-redis', 'express-bare')
-    const exact = addedOver(w.id, 'express-tollgate-exact', 'express-bare')
-    const cached = addedOver(w.id, 'express-tollgate-cached', 'express-bare')
-    const ratio = (mine) => mine === undefined || erl === undefined ? undefined : mine / erl
-    out.push(`- ${w.id} on Express: Node CPU per request added over bare Express: express-rate-limit + rate-limit-redis ${micros(erl)}, ` +
-      `tollgate/express exact ${micros(exact)} (ratio ${fixed(ratio(exact), 2)}, ${verdict(ratio(exact), 1)}; target <= 1), ` +
-      `with local caches ${micros(cached)} (ratio ${fixed(ratio(cached), 2)})`)
+    if (!ran(w.id, 'tollgate-exact') || !ran(w.id, 'frl-redis')) continue
+    const mine = med(w.id, 'tollgate-exact', (x) => x.redisUsPerReq)
+    const incr = med(w.id, 'frl-redis', (x) => x.redisUsPerReq)
+    out.push(`- ${w.id}: Redis µs per decision, tollgate exact ${fixed(mine, 2)} (${fixed(med(w.id, 'tollgate-exact', (x) => x.callsPerReq), 3)} script calls per request) ` +
+      `against @fastify/rate-limit's fixed-window INCR script ${fixed(incr, 2)}: ${fixed(mine / incr, 2)}× (${verdict(mine / incr, 1)} the target <= 1); ` +
+      `against the design note's script alone ${fixed(mine / usSeed, 2)}× (${verdict(mine / usSeed, 0.65)} the target <= 0.65)`)
   }
-  for (const w of workloads) {
-    if (!ran(w.id, 'hono-bare')) continue
-    const hrl = addedOver(w.id, 'hrl-redis', 'hono-bare')
-    const exact = addedOver(w.id, 'hono-tollgate-exact', 'hono-bare')
-    const ratio = exact === undefined || hrl === undefined ? undefined : exact / hrl
-    out.push(`- ${w.id} on Hono: Node CPU per request added over bare Hono: hono-rate-limiter with its Redis store ${micros(hrl)}, ` +
-      `tollgate/hono exact ${micros(exact)} (ratio ${fixed(ratio, 2)})`)
+  const batched = alone('tollgateBatch', (x) => x.usPerDecision)
+  if (batched !== undefined) {
+    const seedSpread = roundRange((lua.tollgateBatch ?? []).map((x, i) => x.usPerDecision / lua.seed?.[i]?.usPerDecision))
+    out.push(`- The scripts alone, Redis µs per decision: tollgate batched ${fixed(batched, 2)}, one decision a call ${fixed(alone('tollgate', (x) => x.usPerDecision), 2)}, ` +
+      `the fixed-window INCR script ${fixed(usIncr, 2)} (batched / INCR ${fixed(batched / usIncr, 2)}, ${verdict(batched / usIncr, 1)} the target <= 1), ` +
+      `the design note's script ${fixed(usSeed, 2)} (batched / design note ${fixed(batched / usSeed, 2)}${seedSpread}, ${verdict(batched / usSeed, 0.65)} the target <= 0.65)`)
   }
   if (workloads.some((w) => w.id === 'W2')) {
     const calls = med('W2', 'tollgate-cached', (x) => x.callsPerReq)
     const stat = med('W2', 'tollgate-cached', (x) => x.statCallsPerReq)
-    const vsLocal = added('W2', 'tollgate-cached', 'frl-local')
     const allowed = med('W2', 'tollgate-cached', (x) => x.okPct)
     out.push(`- W2 flood, tollgate with local caches: ${fixed(calls, 3)} Redis calls/req (${verdict(calls, 0.02)}; target <= 0.02; ` +
       `${fixed(stat, 3)} with in-script commands; ${fixed(allowed, 1)}% of requests were admitted, each needing a script call without a lease). ` +
-      `Added CPU/req over bare vs @fastify/rate-limit in-process: ${fixed(vsLocal, 2)}`)
+      `Added CPU/req over bare vs @fastify/rate-limit in-process: ${fixed(ratioOver('W2', 'tollgate-cached', 'frl-local', 'bare'), 2)}`)
   }
   if (w3 !== undefined) {
     const calls = med('W3', 'tollgate-cached', (x) => x.callsPerReq)
@@ -212,17 +272,6 @@ export function report (run) {
       `(hot), ${over('tollgate-cached', 'probe')} (flood); exact mode ${over('tollgate-exact', 'admission')} (hot), ` +
       `${over('tollgate-exact', 'probe')} (flood)`)
   }
-  const us = med('W1', 'tollgate-exact', (x) => x.usPerCall)
-  const usAlone = alone('tollgate', (x) => x.usPerCall)
-  const usSeed = alone('seed', (x) => x.usPerCall)
-  // Absolute µs depend on the machine; the target is the ratio below.
-  out.push(`- Redis µs per decision, tollgate script: ${fixed(us, 2)} in W1 exact mode, ` +
-    `${fixed(usAlone, 2)} alone (CPU ${fixed(alone('tollgate', (x) => x.cpuUsPerCall), 2)}); ` +
-    `design note script alone ${fixed(usSeed, 2)} (CPU ${fixed(alone('seed', (x) => x.cpuUsPerCall), 2)})`)
-  const seedRatio = usAlone === undefined || usSeed === undefined ? undefined : usAlone / usSeed
-  const seedSpread = roundRange((lua.tollgate ?? []).map((x, i) => x.usPerCall / lua.seed?.[i]?.usPerCall))
-  out.push(`- Redis time of tollgate's script / the design note script's, same Redis, same run: ${fixed(seedRatio, 2)}${seedSpread} ` +
-    `(${verdict(seedRatio, 0.65)}; target <= 0.65)`)
   const bytes = alone('tollgate', (x) => x.memory?.perBucket)
   const bytesSeed = alone('seed', (x) => x.memory?.perBucket)
   out.push(`- Bytes per bucket, tollgate: ${fixed(bytes, 1)} (${verdict(bytes, 48)}); design note script ${fixed(bytesSeed, 1)}; ` +
@@ -244,9 +293,9 @@ export function report (run) {
         for (const [code, n] of Object.entries(x.statuses)) if (code !== '200' && code !== '429') odd[code] = (odd[code] ?? 0) + n
       }
       for (const [code, n] of Object.entries(odd)) notes.push(`${w.id} ${c.id}: ${n} responses with status ${code}`)
-      if (w.cpuRate !== undefined) {
-        const slow = entry.filter((x) => x.windowRps < 0.95 * w.cpuRate).map((x) => x.windowRps.toFixed(0))
-        if (slow.length > 0) notes.push(`${w.id} ${c.id}: the paced CPU window reached only ${slow.join(', ')} req/s of ${w.cpuRate}`)
+      if (w.rate !== undefined) {
+        const slow = entry.filter((x) => x.rps < 0.95 * w.rate).map((x) => x.rps.toFixed(0))
+        if (slow.length > 0) notes.push(`${w.id} ${c.id}: the paced load reached only ${slow.join(', ')} req/s of ${w.rate}`)
       }
       const denied = sum(entry.map((x) => x.statuses[429] ?? 0))
       if (w.underLimit && denied > 0) {

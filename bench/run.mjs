@@ -1,20 +1,24 @@
-// tollgate benchmark: ten configurations (six on Fastify, four on Express)
-// x three workloads, alternating, on
-// one throwaway Redis; prints a markdown report and writes bench/RESULTS.md.
+// tollgate benchmark: the configurations below (Fastify, Express and Hono,
+// each bare, with its incumbent limiter on Redis and with tollgate) x the
+// workloads, alternating, on one throwaway Redis; prints a markdown report
+// and writes bench/RESULTS.md.
 //
-//   npm run bench              builds dist/ first; about 23 minutes on 2 cores
-//                              (about 11 with BENCH_CONFIGS=bare,frl-local,frl-redis,round-trip,tollgate-exact,tollgate-cached)
-//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run, about two minutes
+//   npm run bench              builds dist/ first; every configuration and
+//                              workload: about 80 minutes on 2 cores
+//   BENCH_CONFIGS=bare,frl-redis,round-trip,tollgate-exact,tollgate-single,express-bare,erl-redis,express-tollgate-exact,express-tollgate-single BENCH_WORKLOADS=W1,W4 npm run bench
+//                              exact mode against the incumbents: about 6 minutes a round
+//   BENCH_ROUNDS=1 BENCH_SECONDS=1 BENCH_WARMUP=0.5 npm run bench    smoke run
 //
 // Environment:
 //   BENCH_ROUNDS       rounds of every cell, the median is reported (5)
 //   BENCH_SECONDS      measured seconds per cell (3)
 //   BENCH_WARMUP       warm-up seconds per cell, not measured (3): app servers start fresh for every cell, and at W3's ~475 requests per second per server a shorter warm-up measures the JIT compiling the app's code more than the code itself; W2 and W3 also get one unpaced second from 10,000 clients before it
-//   BENCH_CONNECTIONS  autocannon connections for W1 (32)
-//   BENCH_W1_CPU_RATE  pace of W1's CPU window, req/s (2000); W1's req/s and
-//                      latency come from an unpaced window before it
+//   BENCH_LEVELS       W1's requests in flight, one W1 workload each (1,8,32,128):
+//                      that many connections, unpaced, so each keeps exactly
+//                      that many requests in flight
+//   BENCH_W4_RATE      W4's pace over its 4 app servers, req/s (8000)
 //   BENCH_CONFIGS      only these configurations, comma-separated ids (all)
-//   BENCH_WORKLOADS    only these workloads, e.g. W1,W3 (all)
+//   BENCH_WORKLOADS    only these workloads, e.g. W1,W4 (all; W1 means every level, W1/32 one)
 //   BENCH_LUA_CALLS    decisions per script in the script-only measurement (20000)
 //   BENCH_CPU_PROF     a directory: app servers CPU-profile each measured window into
 //                      <config>-<workload>-r<round>-<server>.cpuprofile there
@@ -54,8 +58,12 @@ const settings = {
   rounds: Math.round(envNumber('BENCH_ROUNDS', 5)),
   seconds: envNumber('BENCH_SECONDS', 3),
   warmup: process.env.BENCH_WARMUP === '0' ? 0 : envNumber('BENCH_WARMUP', 3),
-  connections: Math.round(envNumber('BENCH_CONNECTIONS', 32)),
-  w1CpuRate: Math.round(envNumber('BENCH_W1_CPU_RATE', 2000)),
+  levels: (envList('BENCH_LEVELS') ?? ['1', '8', '32', '128']).map((text) => {
+    const n = Number(text)
+    if (!Number.isInteger(n) || n < 1) throw new Error(`BENCH_LEVELS must list integers >= 1, got ${JSON.stringify(text)}`)
+    return n
+  }),
+  w4Rate: Math.round(envNumber('BENCH_W4_RATE', 8000)),
   luaCalls: Math.round(envNumber('BENCH_LUA_CALLS', 20_000)),
   profileDir: process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : undefined,
   out: process.env.BENCH_OUT || fileURLToPath(new URL('./RESULTS.md', import.meta.url))
@@ -86,20 +94,24 @@ const CONFIGS = [
   { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (a script call per request), on Hono 4' }
 ].filter((c) => envList('BENCH_CONFIGS')?.includes(c.id) ?? true)
 
+/** W1, 10,000 clients each under its limit, at every level of requests in flight. */
+const W1 = settings.levels.map((level) => ({
+  id: `W1/${level}`,
+  family: 'W1',
+  level,
+  label: `10,000 clients cycling, each under its limit, ${level} request(s) in flight`,
+  servers: 1,
+  policy: { capacity: 100, refillPerSecond: 10 },
+  clients: 10_000,
+  // Unpaced: each connection sends its next request when the last is
+  // answered, so exactly `level` requests are in flight, and the CPU
+  // figures come from that window, at the rate each configuration reaches.
+  connections: level,
+  underLimit: true
+}))
+
 const WORKLOADS = [
-  {
-    id: 'W1',
-    label: '10,000 clients cycling, each under its limit',
-    servers: 1,
-    policy: { capacity: 100, refillPerSecond: 10 },
-    clients: 10_000,
-    connections: settings.connections,
-    // Unpaced for req/s and latency; the CPU and Redis figures come from a
-    // second window paced alike for every configuration, since per-request
-    // CPU at saturation depends on the rate each one happens to reach.
-    cpuRate: settings.w1CpuRate,
-    underLimit: true
-  },
+  ...W1,
   {
     id: 'W2',
     label: 'one client flooding at 20x its limit',
@@ -124,8 +136,18 @@ const WORKLOADS = [
     // client flooding a tight limit on the same 4 servers (same pace, leases
     // as above): there, a fleet that spent more than its bucket would show.
     probe: { policy: { capacity: 100, refillPerSecond: 200 }, client: 'over', seconds: 1 }
+  },
+  {
+    id: 'W4',
+    label: '10,000 clients, each under its limit, over 4 app servers sharing a steady load',
+    servers: 4,
+    policy: { capacity: 100, refillPerSecond: 10 },
+    clients: 10_000,
+    rate: settings.w4Rate,
+    connections: 32,
+    underLimit: true
   }
-].filter((w) => envList('BENCH_WORKLOADS')?.includes(w.id) ?? true)
+].filter((w) => envList('BENCH_WORKLOADS')?.some((id) => id === w.id || id === w.family) ?? true)
 
 // ------------------------------------------------------------------ processes
 
@@ -271,6 +293,7 @@ async function measured (apps, run) {
     callsPerReq: sum(stats.map((s) => s.commands)) / requests,
     statCallsPerReq: redis.calls / requests,
     usPerCall: redis.scriptCalls > 0 ? redis.scriptUsec / redis.scriptCalls : undefined,
+    redisUsPerReq: redis.scriptCalls > 0 ? redis.scriptUsec / requests : undefined,
     fallbacks: sum(Object.entries(sources).filter(([name]) => name !== 'store' && name !== 'cache').map(([, n]) => n))
   }
 }
@@ -302,35 +325,27 @@ async function runCell (config, workload, spec, round) {
     }
     let traffic
     let keys
-    let window
-    if (workload.cpuRate === undefined) {
-      window = await measured(apps, async () => {
-        traffic = await load(shape(settings.seconds, client))
-        keys = await admin.dbsize()
-        return traffic
-      })
-    } else {
+    const window = await measured(apps, async () => {
       traffic = await load(shape(settings.seconds, client))
       keys = await admin.dbsize()
-      await sleep(SETTLE_MS)
-      window = await measured(apps, () => load(shape(settings.seconds / 2, client, workload.cpuRate)))
-    }
+      return traffic
+    })
     const cell = {
       rps: traffic.rps,
       p50: traffic.p50,
       p99: traffic.p99,
       okPct: 100 * (traffic.statuses[200] ?? 0) / traffic.responses,
       statuses: traffic.statuses,
-      errors: traffic.errors + (window.traffic === traffic ? 0 : window.traffic.errors),
+      errors: traffic.errors,
       keys,
-      windowRps: window.traffic.rps,
       cpuUsPerReq: window.cpuUsPerReq,
       callsPerReq: window.callsPerReq,
       statCallsPerReq: window.statCallsPerReq,
       usPerCall: window.usPerCall,
+      redisUsPerReq: window.redisUsPerReq,
       fallbacks: window.fallbacks
     }
-    if (workload.servers > 1) cell.admission = await admissions(apps, client, workload.policy, window.startedAt, traffic)
+    if (workload.client !== undefined && workload.servers > 1) cell.admission = await admissions(apps, client, workload.policy, window.startedAt, traffic)
     if (workload.probe !== undefined) {
       const probeStart = epochMs()
       const flood = await load({ ...shape(workload.probe.seconds, probeClient), path: '/probe' })
