@@ -25,6 +25,23 @@ async function freePort () {
   })
 }
 
+/** Whether `port` is free on the loopback address now. */
+async function isFree (port) {
+  return await new Promise((resolve) => {
+    const srv = createServer()
+    srv.once('error', () => resolve(false))
+    srv.listen(port, HOST, () => srv.close(() => resolve(true)))
+  })
+}
+
+/** A free port whose cluster bus port (+10000) is free too. */
+async function freeClusterPort () {
+  for (;;) {
+    const port = await freePort()
+    if (port + 10_000 <= 65_535 && await isFree(port + 10_000)) return port
+  }
+}
+
 /** Resolves true once the port answers PING with PONG, false if `child` exits first or time runs out. */
 async function waitForPong (port, child) {
   const until = Date.now() + START_TIMEOUT_MS
@@ -48,18 +65,20 @@ async function waitForPong (port, child) {
 }
 
 /**
- * Starts redis-server from PATH. Retries on another port if the one picked
- * was taken in the meantime.
+ * Starts redis-server from PATH, with `extra` arguments (with
+ * `--cluster-enabled`, on a port whose bus port is free too). Retries on
+ * another port if the one picked was taken in the meantime.
+ * @param {string[]} [extra]
  * @returns {Promise<{ host: string, port: number, pid: number, stop: () => Promise<void>, stopSync: () => void }>}
  */
-export async function startRedis () {
+export async function startRedis (extra = []) {
   const dir = await mkdtemp(join(tmpdir(), 'tollgate-bench-'))
   let lastError = ''
   for (let attempt = 0; attempt < 5; attempt++) {
-    const port = await freePort()
+    const port = extra.includes('--cluster-enabled') ? await freeClusterPort() : await freePort()
     const child = spawn('redis-server', [
       '--port', String(port), '--bind', HOST, '--dir', dir,
-      '--save', '', '--appendonly', 'no', '--daemonize', 'no', '--loglevel', 'warning'
+      '--save', '', '--appendonly', 'no', '--daemonize', 'no', '--loglevel', 'warning', ...extra
     ], { stdio: ['ignore', 'ignore', 'pipe'] })
     let stderr = ''
     child.stderr.on('data', (chunk) => { stderr += chunk })
