@@ -33,7 +33,7 @@ import { BadRequestInputError, RateLimitedError, UnavailableError } from './erro
 import {
   HOOKS, parseFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
 } from '../../core/options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, type Denial } from '../../http/request.js'
+import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, programmaticPolicies, routeName, routeWide,
@@ -44,6 +44,8 @@ import type { TollgateDecorator, TollgateOptions } from './types.js'
 import type { Limiter, Policy } from '../../core/types.js'
 
 const kChecked = Symbol('tollgate.checked')
+/** A check's outcome: it sent the reply itself (the 503 of an outage). */
+const SENT = Symbol('tollgate.sent')
 /** On a route's config: `onRoute` saw the route, the gate has nothing to do. */
 const kSeen = Symbol('tollgate.seen')
 /** On a request: the limit the gate found for a route whose check runs at preHandler. */
@@ -82,7 +84,9 @@ interface FastifyLimit extends RouteLimit<FastifyRequest> {
 /** The request, with the guard against checking it twice (kept off Fastify's public types). */
 type Checked = FastifyRequest & { [kChecked]?: boolean }
 
-type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply) => Promise<void>
+/** A hook's callback: no argument to go on, the error Fastify answers otherwise. */
+type Done = (err?: Error) => void
+type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply, done: Done) => void
 /** A route's limit from its method, URL and `config.rateLimit`; null: not limited. */
 type LimitOf = (method: string | string[], url: string, config: unknown) => FastifyLimit | null
 type SettleWhenSent = (request: FastifyRequest, reply: FastifyReply) => void
@@ -212,9 +216,9 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
     if (limit instanceof Error) throw limit
     return limit
   }
-  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
+  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: Done): void {
     if (limit.settle !== undefined) settleWhenSent(request, reply)
-    check(limit, request, reply).then(() => { done() }, done)
+    check(limit, request, reply, done)
   }
   app.decorateRequest(kPending, undefined)
   app.addHook('onRequest', function tollgateGate (request: GateRequest, reply, done) {
@@ -285,10 +289,14 @@ function appendHook (route: object, name: Hook | 'onResponse', hook: unknown): v
   hooks[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
 }
 
-/** The route-level hook: the check with the route's limit in a closure. */
+/**
+ * The route-level hook: the check with the route's limit in a closure. A
+ * callback hook, not an async one: Fastify chains no promise of its own on
+ * it, and the check allocates no async function frame per request.
+ */
 function routeHook (limit: FastifyLimit, check: Check) {
-  return function tollgateCheck (request: FastifyRequest, reply: FastifyReply): Promise<void> {
-    return check(limit, request, reply)
+  return function tollgateCheck (request: FastifyRequest, reply: FastifyReply, done: Done): void {
+    check(limit, request, reply, done)
   }
 }
 
@@ -306,18 +314,36 @@ function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void
  * reply is the body that handler would send, byte for byte.
  */
 function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean): Check {
-  return async function check (limit, request, reply) {
-    if (request[kChecked] === true) return
-    request[kChecked] = true
-    const decided = await layer.decide(limit, request)
-    if (decided === undefined) return
+  /** What a decision makes of the request: undefined to go on, SENT when answered here, else the error to answer with. */
+  function conclude (decided: Decided<FastifyRequest> | undefined, request: Checked, reply: FastifyReply): Error | typeof SENT | undefined {
+    if (decided === undefined) return undefined
     const { decision } = decided
     request.rateLimit = decision
     const denial = answer(decided.limit, decision, reply, setHeader)
-    if (denial === undefined) return
-    if (denial.statusCode === 429) throw new RateLimitedError(denial.retryAfter)
-    if (throwUnavailable) throw new UnavailableError(denial.retryAfter)
+    if (denial === undefined) return undefined
+    if (denial.statusCode === 429) return new RateLimitedError(denial.retryAfter)
+    if (throwUnavailable) return new UnavailableError(denial.retryAfter)
     sendUnavailable(reply, denial)
+    return SENT
+  }
+  return function check (limit, request, reply, done) {
+    if (request[kChecked] === true) return done()
+    request[kChecked] = true
+    // `done` is called outside the try: what Fastify runs after the hook
+    // must not be taken for a failure of this check.
+    layer.decide(limit, request).then((decided) => {
+      let outcome: Error | typeof SENT | undefined
+      try {
+        outcome = conclude(decided, request, reply)
+      } catch (thrown) {
+        outcome = thrown as Error
+      }
+      if (outcome !== SENT) return done(outcome)
+      // Fastify stops at a reply that has ended. One sent through an app's
+      // async onSend hooks ends a microtask later: Fastify goes on then, as
+      // it did when the check was an async hook, and finds it ended.
+      queueMicrotask(done)
+    }, done)
   }
 }
 
