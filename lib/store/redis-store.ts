@@ -141,6 +141,27 @@ export function storeTarget (client: RedisClient): string {
   return storeClient(client).target
 }
 
+/** lua/token-bucket.lua's arguments for one decision: its keys, then whether to spend, then each bucket's numbers. */
+function singleArgs (specs: readonly BucketSpec[], consume: boolean): Array<string | number> {
+  const args: Array<string | number> = []
+  for (const spec of specs) args.push(spec.key)
+  args.push(consume ? '1' : '0')
+  for (const spec of specs) pushBucketArgs(args, spec)
+  return args
+}
+
+/** Settles a decision sent alone with lua/token-bucket.lua's reply (a reply of another shape rejects it). */
+function answerAlone (p: Pending, reply: unknown): void {
+  let answer: StoreReply
+  try {
+    answer = storeReply(reply, p.specs)
+  } catch (err) {
+    p.reject(err)
+    return
+  }
+  p.resolve(answer)
+}
+
 /** lua/settle.lua's keys: each bucket key, then its refund key. */
 function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
   const keys: Array<string | number> = []
@@ -234,10 +255,7 @@ export class RedisStore implements Store, LeaseStore {
 
   /** One decision, one call of lua/token-bucket.lua, in one promise over the client's. */
   #single (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
-    const args: Array<string | number> = []
-    for (const spec of specs) args.push(spec.key)
-    args.push(consume ? '1' : '0')
-    for (const spec of specs) pushBucketArgs(args, spec)
+    const args = singleArgs(specs, consume)
     const redis = this.#redis
     return redis.evalsha(TOKEN_BUCKET.sha, specs.length, args).then((reply) => storeReply(reply, specs), (err: unknown) => {
       if (!redis.isNoScript(err)) throw err
@@ -274,17 +292,33 @@ export class RedisStore implements Store, LeaseStore {
   #send (group: Pending[]): void {
     const max = this.#batchMax
     for (let from = 0; from < group.length; from += max) {
-      const part = group.slice(from, from + max)
+      // Most turns fit in one call: no copy of the group for them.
+      const part = group.length <= max ? group : group.slice(from, from + max)
       const [only] = part
       if (part.length === 1 && only !== undefined) this.#alone(only, true)
       else this.#batch(part)
     }
   }
 
-  /** One decision in a call of its own (`notify`: tell it it is sent). */
+  /**
+   * One decision in a call of its own (`notify`: tell it it is sent),
+   * settled straight from the client's promise: a lone request is the
+   * common case at low load, and a promise of `#single`'s in between would
+   * cost it one more promise and turn.
+   */
   #alone (p: Pending, notify: boolean): void {
     if (notify) p.sent?.()
-    this.#single(p.specs, p.consume).then(p.resolve, p.reject)
+    const { specs } = p
+    this.#evaluate(TOKEN_BUCKET, specs.length, singleArgs(specs, p.consume), (reply) => { answerAlone(p, reply) }, p.reject)
+  }
+
+  /** EVALSHA `script`, on NOSCRIPT one EVAL of its source; the reply goes to `answer`, any other error to `refused`. */
+  #evaluate (script: Script, numKeys: number, args: Array<string | number>, answer: (reply: unknown) => void, refused: (err: unknown) => void): void {
+    const redis = this.#redis
+    redis.evalsha(script.sha, numKeys, args).then(answer, (err: unknown) => {
+      if (!redis.isNoScript(err)) return refused(err)
+      redis.eval(script.lua, numKeys, args).then(answer, refused)
+    })
   }
 
   /** `part` in one call of lua/token-bucket-batch.lua. */
@@ -310,7 +344,6 @@ export class RedisStore implements Store, LeaseStore {
     for (const arg of argv) args.push(arg)
     const numKeys = index.size
     for (const p of part) p.sent?.()
-    const redis = this.#redis
     const answer = (reply: unknown): void => { answerBatch(part, buckets, reply) }
     const refused = (err: unknown): void => {
       if (refusedContent(err)) {
@@ -319,10 +352,7 @@ export class RedisStore implements Store, LeaseStore {
       }
       for (const p of part) p.reject(err)
     }
-    redis.evalsha(TOKEN_BUCKET_BATCH.sha, numKeys, args).then(answer, (err: unknown) => {
-      if (!redis.isNoScript(err)) return refused(err)
-      redis.eval(TOKEN_BUCKET_BATCH.lua, numKeys, args).then(answer, refused)
-    })
+    this.#evaluate(TOKEN_BUCKET_BATCH, numKeys, args, answer, refused)
   }
 
   /** One bucket with reservations and/or a lockout, by lua/token-bucket-ext.lua. */
