@@ -2,7 +2,7 @@
 // store, no clock, no I/O; the limiter (lib/core/limiter.ts) and the
 // settlements (lib/core/settle.ts) both build their decisions here.
 
-import type { BucketSpec, ExtReply, StoreReply } from '../store/store.js'
+import type { BucketSpec, BucketState, ExtReply, StoreReply } from '../store/store.js'
 import { wholeTokens } from '../store/store.js'
 import type { Decision, DecisionSource, Policy } from './types.js'
 
@@ -12,28 +12,35 @@ import type { Decision, DecisionSource, Policy } from './types.js'
  * every policy's under `policies`.
  */
 export function summarize (list: readonly Policy[], reply: StoreReply, source: DecisionSource): Decision {
+  const [only] = list
+  const [bucket] = reply.buckets
+  // One policy, the usual route: its decision, without a list to reduce.
+  if (list.length === 1 && only !== undefined && bucket !== undefined) return bucketDecision(only, bucket, source)
   const decisions: Decision[] = []
   for (let i = 0; i < list.length; i++) {
     const policy = list[i]
-    const bucket = reply.buckets[i]
+    const state = reply.buckets[i]
     // A reply has one bucket per policy, in order: both are always there.
-    if (policy !== undefined && bucket !== undefined) {
-      decisions.push({
-        allowed: bucket.waitUs === 0,
-        limit: policy.capacity,
-        remaining: wholeTokens(bucket.remaining),
-        resetMs: bucket.fullInUs / 1000,
-        retryAfterMs: bucket.waitUs / 1000,
-        source,
-        bucket: policy.bucket
-      })
-    }
+    if (policy !== undefined && state !== undefined) decisions.push(bucketDecision(policy, state, source))
   }
   // A list holds at least one policy (createLimiter refuses an empty one),
   // so reduce has a first decision to start from.
   const chosen = decisions.reduce(reply.allowed ? fewestLeft : longestWait)
   if (decisions.length === 1) return chosen
   return { ...chosen, allowed: reply.allowed, policies: decisions }
+}
+
+/** One policy's decision from its bucket's state. */
+function bucketDecision (policy: Policy, bucket: BucketState, source: DecisionSource): Decision {
+  return {
+    allowed: bucket.waitUs === 0,
+    limit: policy.capacity,
+    remaining: wholeTokens(bucket.remaining),
+    resetMs: bucket.fullInUs / 1000,
+    retryAfterMs: bucket.waitUs / 1000,
+    source,
+    bucket: policy.bucket
+  }
 }
 
 /** The binding of two allowed decisions: the fewer left; on a tie, the earlier. */
