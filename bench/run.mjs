@@ -91,7 +91,7 @@ const CONFIGS = [
   { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' },
   { id: 'hono-bare', label: 'bare Hono 4 on @hono/node-server' },
   { id: 'hrl-redis', label: 'hono-rate-limiter with its Redis store, on Hono 4' },
-  { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (a script call per request), on Hono 4' }
+  { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (batched per event-loop turn), on Hono 4' }
 ].filter((c) => envList('BENCH_CONFIGS')?.includes(c.id) ?? true)
 
 /** W1, 10,000 clients each under its limit, at every level of requests in flight. */
