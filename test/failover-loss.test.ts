@@ -166,9 +166,11 @@ async function rejoin (slot: Slot): Promise<void> {
 t.test('control: a master crash with its writes in the replica\'s socket buffer restores nothing', async (t) => {
   const slot = await slotOf('control')
   const before = await appServer(t)
-  // The replica must be streaming before it is paused: one still in its
-  // first sync (right after the cluster started, on a loaded machine) has
-  // its stream held in the master, which the crash loses (a CI run saw 5).
+  // The replica must be streaming before it is paused: after its first
+  // sync the master holds the command stream in its own memory until the
+  // replica's first acknowledgement, and the crash loses it (CI runs saw 5).
+  // One write, acknowledged, shows the stream flowing.
+  await redisCommand(slot.master, ['SET', `${prefix}:{${slot.client}}:streaming`, '1'])
   await cluster.waitReplicated(slot.master)
   slot.replica.pause()
   t.same(await spend(before, slot.client, CAPACITY, CAPACITY + 1), { admitted: 5, denied: 1, failed: 0 }, '5 admitted, then empty')

@@ -62,8 +62,11 @@ export interface RedisCluster {
   replicasOf(master: RedisServer): Promise<RedisServer[]>
   /**
    * Wait until every replica connected to `master` has acknowledged the
-   * master's whole replication stream (INFO replication offsets equal).
-   * Rejects after `timeoutMs` (default 10 s).
+   * master's whole replication stream (INFO replication offsets equal, and
+   * above 0). A master that has written nothing since the cluster started
+   * never passes: until a replica's first acknowledgement the master keeps
+   * the stream in its own memory, and equal offsets of 0 would not show
+   * that it flows. Write to it first. Rejects after `timeoutMs` (default 10 s).
    */
   waitReplicated(master: RedisServer, timeoutMs?: number): Promise<void>
   /**
@@ -201,7 +204,7 @@ class LocalCluster implements RedisCluster {
       // slaveN:ip=...,port=...,state=online,offset=...,lag=...
       const behind = Array.from({ length: replicas }, (_, i) => infoField(info, `slave${i}`) ?? '')
         .filter(line => !line.includes('state=online') || !line.includes(`offset=${String(offset)},`))
-      if (replicas > 0 && behind.length === 0) return
+      if (replicas > 0 && behind.length === 0 && Number(offset) > 0) return
       if (Date.now() > deadline) {
         throw new Error(`replicas of ${master.port} not caught up after ${timeoutMs} ms: ` +
           `offset ${String(offset)}, ${replicas} connected, behind: ${behind.join(' ')}`)
