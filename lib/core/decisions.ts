@@ -23,10 +23,9 @@ export function summarize (list: readonly Policy[], reply: StoreReply, source: D
     // A reply has one bucket per policy, in order: both are always there.
     if (policy !== undefined && state !== undefined) decisions.push(bucketDecision(policy, state, source))
   }
-  // A list holds at least one policy (createLimiter refuses an empty one),
-  // so reduce has a first decision to start from.
+  // Several policies here (one returned above), so reduce has a first
+  // decision to start from.
   const chosen = decisions.reduce(reply.allowed ? fewestLeft : longestWait)
-  if (decisions.length === 1) return chosen
   return { ...chosen, allowed: reply.allowed, policies: decisions }
 }
 

@@ -253,13 +253,10 @@ export class RedisStore implements Store, LeaseStore {
     })
   }
 
-  /** One decision, one call of lua/token-bucket.lua, in one promise over the client's. */
+  /** One decision, one call of lua/token-bucket.lua, in one promise (`batch: false`). */
   #single (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
-    const args = singleArgs(specs, consume)
-    const redis = this.#redis
-    return redis.evalsha(TOKEN_BUCKET.sha, specs.length, args).then((reply) => storeReply(reply, specs), (err: unknown) => {
-      if (!redis.isNoScript(err)) throw err
-      return redis.eval(TOKEN_BUCKET.lua, specs.length, args).then((reply) => storeReply(reply, specs))
+    return new Promise<StoreReply>((resolve, reject) => {
+      this.#alone({ specs, consume, sent: undefined, resolve, reject }, false)
     })
   }
 
@@ -303,7 +300,7 @@ export class RedisStore implements Store, LeaseStore {
   /**
    * One decision in a call of its own (`notify`: tell it it is sent),
    * settled straight from the client's promise: a lone request is the
-   * common case at low load, and a promise of `#single`'s in between would
+   * common case at low load, and a promise of its own in between would
    * cost it one more promise and turn.
    */
   #alone (p: Pending, notify: boolean): void {

@@ -329,15 +329,9 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
   return function check (limit, request, reply, done) {
     if (request[kChecked] === true) return done()
     request[kChecked] = true
-    // `done` is called outside the try: what Fastify runs after the hook
-    // must not be taken for a failure of this check.
-    layer.decide(limit, request).then((decided) => {
-      let outcome: Error | typeof SENT | undefined
-      try {
-        outcome = conclude(decided, request, reply)
-      } catch (thrown) {
-        outcome = thrown as Error
-      }
+    // A failure of the decision or of its conclusion goes to `done`; what
+    // Fastify runs after the hook is not taken for one.
+    layer.decide(limit, request).then((decided) => conclude(decided, request, reply)).then((outcome) => {
       if (outcome !== SENT) return done(outcome)
       // Fastify stops at a reply that has ended. One sent through an app's
       // async onSend hooks ends a microtask later: Fastify goes on then, as
