@@ -59,8 +59,17 @@ local most = tonumber(ARGV[4])
 local back = tonumber(ARGV[5])
 local from = tonumber(ARGV[6])
 
+-- The key is read, and checked, before anything is written, as
+-- token-bucket.lua reads its keys (read its header): a key of another type,
+-- or a string that Lua does not read as a whole number below 1e17, fails
+-- the call with a WRONGTYPE error naming it, and nothing is written.
+local held = redis.pcall('GET', KEYS[1])
+local stored = tonumber(held)
+if held and not (stored and stored >= 0 and stored < 1e17 and stored % 1 == 0) then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1]).ok .. ' that is not a tollgate bucket (a whole number of microseconds below 1e17); nothing was written')
+end
+
 -- As in token-bucket.lua, all arithmetic is relative to now.
-local stored = tonumber(redis.call('GET', KEYS[1]))
 local busy = (stored or now) - now
 if busy < 0 then busy = 0 end
 if busy > capacity * step then busy = capacity * step end

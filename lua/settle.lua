@@ -66,6 +66,9 @@
 --     reservations made before the step refund nothing;
 --   - when V passes 2^51 (every integer stays exact: M < 2^51 + window);
 --   - on a reset, which deletes the key.
+-- A bucket key or a refund key that holds anything else (another type,
+-- "nan", a longer number) fails the call before anything is written, as
+-- in lua/token-bucket.lua (read its header).
 -- The key expires a window and a millisecond after each write, so it is
 -- there at least until L + window; decisions read L, never the expiry. A
 -- step forward of the clock only lowers the lines (less is refunded), and
@@ -111,10 +114,43 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local n = #KEYS / 2
-local held = redis.call('MGET', unpack(KEYS))
 local out = {}
 -- Epochs end before their clock passes 2^51 microseconds.
 local EPOCH_LIMIT = 2251799813685248
+
+-- The error of a key that holds what this script does not write there.
+local function refused (key, what)
+  return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. redis.call('TYPE', key).ok .. ' that is not a tollgate ' .. what .. '; nothing was written')
+end
+
+-- Every key is read, and checked, before anything is written, as
+-- lua/token-bucket.lua reads its keys (read its header): held[i], the
+-- full-at time of bucket i (now: none); counts[i], its refund key's
+-- three integers (nil: none). Anything else fails the call, naming the key.
+local held = {}
+local counts = {}
+for i = 1, n do
+  local key = KEYS[2 * i - 1]
+  local value = redis.pcall('GET', key)
+  held[i] = now
+  if value then
+    held[i] = tonumber(value)
+    if not (held[i] and held[i] >= 0 and held[i] < 1e17 and held[i] % 1 == 0) then
+      return refused(key, 'bucket (a whole number of microseconds below 1e17)')
+    end
+  end
+  local count = redis.pcall('GET', KEYS[2 * i])
+  if count then
+    local e, c, last
+    if type(count) == 'string' then
+      e, c, last = string.match(count, '^(%d+) (%d+) (%d+)$')
+    end
+    if not (e and #e <= 17 and #c <= 17 and #last <= 17) then
+      return refused(KEYS[2 * i], 'refund count (three whole numbers, at most 17 digits each)')
+    end
+    counts[i] = { e + 0, c + 0, last + 0 }
+  end
+end
 
 local function write (key, busy)
   busy = math.ceil(busy)
@@ -127,7 +163,7 @@ local function write (key, busy)
 end
 
 local function busyOf (i, limit)
-  local busy = (held[2 * i - 1] or now) - now
+  local busy = held[i] - now
   if busy < 0 then
     return 0, false
   end
@@ -139,11 +175,11 @@ end
 
 -- The epoch in force on bucket i: its start and its count, or nil.
 local function epochOf (i, window)
-  local e, c, last = string.match(held[2 * i] or '', '^(%d+) (%d+) (%d+)$')
-  if e == nil then
+  local count = counts[i]
+  if count == nil then
     return nil
   end
-  e, c, last = tonumber(e), tonumber(c), tonumber(last)
+  local e, c, last = count[1], count[2], count[3]
   if now < last or now >= last + window or now - e + c > EPOCH_LIMIT then
     return nil
   end

@@ -13,12 +13,23 @@
 -- TTL (one millisecond after full, rounded up) are those of the last
 -- request that wrote it.
 --
--- Nothing is written before every argument and every stored value has
--- been read: a stored value that is not a number, a key of another type
--- (GET replies WRONGTYPE, where the single script's MGET of several
--- policies would read nil), an argument that is not a number, fail the
--- call with nothing written. The caller may then decide the requests one
--- by one with lua/token-bucket.lua, each failing or not as it would alone.
+-- All or nothing: validate everything, then write everything. Every key is
+-- read and checked first, as lua/token-bucket.lua checks it (read its
+-- header): a key of another type, or a string that Lua does not read as
+-- a whole number below 1e17 ("abc", "nan", "inf", a longer number), fails
+-- the call with a WRONGTYPE error naming the key. Then every request is decided on the
+-- copy held here; then every value to write is checked (a whole number of
+-- microseconds below 1e17: an argument that is not a number would make
+-- one NaN, which PSETEX refuses), and only then is anything written. So a
+-- call that fails has written nothing, and one that writes, writes every
+-- key it decided.
+--
+-- One bad key among good ones: the whole call fails, having written
+-- nothing, and the caller (lib/store/redis-store.ts) decides each of its
+-- requests again, alone, with lua/token-bucket.lua. There the requests
+-- that read the bad key fail alone, each with the error naming it (their
+-- failure mode applies), and every other request is decided, and spent,
+-- exactly once: the batch spent nothing before.
 --
 -- KEYS[k]       the distinct bucket keys of the call, each once; in Redis
 --               Cluster, all of one slot
@@ -47,11 +58,14 @@ local now = t[1] * 1000000 + t[2]
 local busy = {}
 local ttl = {}
 for k = 1, #KEYS do
-  local held = redis.call('GET', KEYS[k])
+  local held = redis.pcall('GET', KEYS[k])
+  busy[k] = 0
   if held then
-    busy[k] = held - now
-  else
-    busy[k] = 0
+    local full = tonumber(held)
+    if not (full and full >= 0 and full < 1e17 and full % 1 == 0) then
+      return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. redis.call('TYPE', KEYS[k]).ok .. ' that is not a tollgate bucket (a whole number of microseconds below 1e17); nothing was written')
+    end
+    busy[k] = full - now
   end
 end
 
@@ -104,6 +118,11 @@ while p <= last do
   p = p + 2 + 4 * m
 end
 
+for k = 1, #KEYS do
+  if ttl[k] and not (busy[k] >= 0 and now + busy[k] < 1e17) then
+    return redis.error_reply('ERR tollgate batch: the full-at time computed for ' .. KEYS[k] .. ' is ' .. tostring(now + busy[k]) .. ', not a whole number of microseconds below 1e17 (an argument that is not a number?); nothing was written')
+  end
+end
 for k = 1, #KEYS do
   if ttl[k] then
     redis.call('PSETEX', KEYS[k], ttl[k], now + busy[k])

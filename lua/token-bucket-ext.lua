@@ -38,6 +38,8 @@
 --             when the key expired (PX withinMs at its first denial): read
 --             as n denials, the first at now - (withinMs - the key's PTTL),
 --             and written in the form above by the next denial counted
+-- Anything else in either key (another type, "nan", a longer number) fails
+-- the call before anything is written, as in lua/token-bucket.lua.
 -- Periods and blocks are measured on stored times, never on expiries: an
 -- expiry follows Redis's wall clock, so after a step back of an hour a
 -- count ran on for an hour more (denials spaced past withinMs kept
@@ -96,45 +98,75 @@ local count = 0
 local within = ARGV[7] * 1000
 local since = now
 
+-- Both keys are read, and checked, before anything is written, as
+-- lua/token-bucket.lua reads its keys (read its header): a key that holds
+-- what this script does not write there fails the call with a WRONGTYPE
+-- error naming it, and nothing is written.
+local function refused (key, what)
+  return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. redis.call('TYPE', key).ok .. ' that is not a tollgate ' .. what .. '; nothing was written')
+end
+
+-- The lockout key's parts: "-S.n" as first and n, an integer as whole.
+local lock = false
+local first, n, whole
 if after > 0 then
-  local lock = redis.call('GET', KEYS[2])
+  lock = redis.pcall('GET', KEYS[2])
   if lock then
-    local first, n = string.match(lock, '^%-(%d+)%.(%d+)$')
-    if first then
-      count = n + 0
-      since = first + 0
-    else
-      lock = lock + 0
-      if lock > 0 then
-        count = lock
-        since = now - within + redis.call('PTTL', KEYS[2]) * 1000
-      else
-        local left = -lock - now
-        if left > 0 then
-          local most = ARGV[8] + 0
-          if left > most then
-            left = most
-            if mode ~= '0' then
-              redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
-            end
-          end
-          return { -math.ceil(left), 1 }
-        end
+    if type(lock) == 'string' then
+      first, n = string.match(lock, '^%-(%d+)%.(%d+)$')
+      if not first then
+        whole = string.match(lock, '^%-?(%d+)$')
       end
     end
-    if since > now then
-      since = now
-      if mode ~= '0' then
-        redis.call('PSETEX', KEYS[2], ARGV[7] + 1, string.format('-%d.%d', now, count))
-      end
-    elseif now - since >= within then
-      count = 0
-      since = now
+    if not (first and #first <= 17 and #n <= 17 or whole and #whole <= 17) then
+      return refused(KEYS[2], 'lockout count (-<first>.<count>, -<until> or <count>, at most 17 digits each)')
     end
   end
 end
+local held = redis.pcall('GET', KEYS[1])
+local full = now
+if held then
+  full = tonumber(held)
+  if not (full and full >= 0 and full < 1e17 and full % 1 == 0) then
+    return refused(KEYS[1], 'bucket (a whole number of microseconds below 1e17)')
+  end
+end
 
-local busy = (redis.call('GET', KEYS[1]) or now) - now
+if lock then
+  if first then
+    count = n + 0
+    since = first + 0
+  else
+    lock = lock + 0
+    if lock > 0 then
+      count = lock
+      since = now - within + redis.call('PTTL', KEYS[2]) * 1000
+    else
+      local left = -lock - now
+      if left > 0 then
+        local most = ARGV[8] + 0
+        if left > most then
+          left = most
+          if mode ~= '0' then
+            redis.call('PSETEX', KEYS[2], math.ceil(most / 1000) + 1, -(now + most))
+          end
+        end
+        return { -math.ceil(left), 1 }
+      end
+    end
+  end
+  if since > now then
+    since = now
+    if mode ~= '0' then
+      redis.call('PSETEX', KEYS[2], ARGV[7] + 1, string.format('-%d.%d', now, count))
+    end
+  elseif now - since >= within then
+    count = 0
+    since = now
+  end
+end
+
+local busy = full - now
 if busy < 0 then
   busy = 0
 elseif busy > reach then

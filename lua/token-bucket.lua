@@ -74,11 +74,23 @@
 -- changes no decision, and Redis holds keys only for clients that spent
 -- something recently.
 --
+-- Keys that are no bucket: every key is read, and checked, before
+-- anything is written. A key of another type (a list, a hash, a set, ...)
+-- or a string that Lua does not read as a whole number from 0 to below
+-- 1e17 ("abc", "nan", "inf", "-1", "1.5", a number of 18 digits or more:
+-- values the old arithmetic read as a number, or clamped as a clock step,
+-- and then overwrote) fails the call with a WRONGTYPE error that names the
+-- key, and nothing is written: the request follows its failure mode and
+-- the key stays as it was. Each key is read with GET (MGET would read a
+-- key of another type as missing, a full bucket, and PSETEX would replace
+-- it), through redis.pcall, so that the error can name the key. Every
+-- full-at time the scripts write is a whole number below 1e17 (below 2^53
+-- here, a little more in lua/settle.lua's debt).
+--
 -- Speed: one policy, the common case, takes a path of its own (no loop, no
--- table); strings (ARGV, the stored value) are converted by arithmetic,
--- once each, without a call to tonumber, so a key holding anything but a
--- number fails the call, like a key of the wrong type. Several policies
--- read all their keys with one MGET. On the allowed path, x + (-x % 1) is
+-- table); ARGV strings are converted by arithmetic, once each, without a
+-- call to tonumber (the stored value takes one: that is its check). On
+-- the allowed path, x + (-x % 1) is
 -- math.ceil(x) for x >= 0 without a function call, and exact: Lua's
 -- -x % 1 is -x - floor(-x), computed exactly, so the sum is the integer
 -- ceil(x) itself (for 0 < x < 1, 1 - x rounds to within 2^-54 of itself
@@ -87,10 +99,23 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 
+-- The error of a key that holds what no tollgate script writes there.
+local function refused (key)
+  return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. redis.call('TYPE', key).ok .. ' that is not a tollgate bucket (a whole number of microseconds below 1e17); nothing was written')
+end
+
 if #KEYS == 1 then
   local key = KEYS[1]
   local window = ARGV[2] + 0
-  local busy = (redis.call('GET', key) or now) - now
+  local held = redis.pcall('GET', key)
+  local full = now
+  if held then
+    full = tonumber(held)
+    if not (full and full >= 0 and full < 1e17 and full % 1 == 0) then
+      return refused(key)
+    end
+  end
+  local busy = full - now
   if busy < 0 then
     busy = 0
   elseif busy > window then
@@ -112,13 +137,26 @@ if #KEYS == 1 then
   return busy
 end
 
-local held = redis.call('MGET', unpack(KEYS))
+-- held[i]: the full-at time key i holds (now for a missing key).
+local held = {}
+for i = 1, #KEYS do
+  local value = redis.pcall('GET', KEYS[i])
+  local full = now
+  if value then
+    full = tonumber(value)
+    if not (full and full >= 0 and full < 1e17 and full % 1 == 0) then
+      return refused(KEYS[i])
+    end
+  end
+  held[i] = full
+end
+
 local out = {}
 local allowed = true
 for i = 1, #KEYS do
   local a = 3 * i - 1
   local window = ARGV[a] + 0
-  local busy = (held[i] or now) - now
+  local busy = held[i] - now
   if busy < 0 then
     busy = 0
   elseif busy > window then

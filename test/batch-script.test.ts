@@ -174,17 +174,24 @@ t.test('the comparison catches a batch that does not carry a spend to the next r
   t.comment(caught)
 })
 
-t.test('an error writes nothing: a stored value that is not a number, a key of another type, a bad argument', async (t) => {
+t.test('an error writes nothing: a stored value that is not a bucket, a key of another type, a bad argument', async (t) => {
   const batch = new LuaRunner(redis, BATCH_LUA)
   const tag = uniqueTag('errors')
   const good = `test:${tag}:good`
   const one = (k: number): Array<string | number> => ['1', 1, k, 1e6, 1e5, 1e5]
-  await redis.set(`test:${tag}:text`, 'abc')
-  await t.rejects(batch.eval([good, `test:${tag}:text`], [...one(1), ...one(2)]), /arithmetic|number/, 'a value that is not a number fails the call')
-  t.equal(await redis.exists(good), 0, 'the good key before it was not written')
+  for (const text of ['abc', 'nan', 'inf', '123456789012345678901234567890']) {
+    await redis.set(`test:${tag}:text`, text)
+    await t.rejects(batch.eval([good, `test:${tag}:text`], [...one(1), ...one(2)]), /^WRONGTYPE test:\{.*\}:text holds a string that is not a tollgate bucket/,
+      `${JSON.stringify(text)} fails the call, naming the key`)
+    t.equal(await redis.exists(good), 0, 'the good key before it was not written')
+    t.equal(await redis.get(`test:${tag}:text`), text, 'nor the bad one')
+  }
   await redis.hset(`test:${tag}:hash`, 'f', '1')
-  await t.rejects(batch.eval([good, `test:${tag}:hash`], [...one(1), ...one(2)]), /WRONGTYPE/, 'a key of another type fails the call')
+  await t.rejects(batch.eval([good, `test:${tag}:hash`], [...one(1), ...one(2)]), /^WRONGTYPE test:\{.*\}:hash holds a hash that is not a tollgate bucket/, 'a key of another type fails the call')
   t.equal(await redis.exists(good), 0, 'nothing written')
+  await t.rejects(batch.eval([good, `test:${tag}:other`], [...one(1), '1', 1, 2, 1e6, 1e5, 'nan']), /not a whole number of microseconds below 1e17/,
+    'a computed full-at time that is not a number fails the call before the first write')
+  t.equal(await redis.exists(good), 0, 'the good key before it was not written')
   await t.rejects(batch.eval([good], [...one(1), '1', 1, 1, 'x', 1e5, 1e5]), /arithmetic|number|compare/, 'a window that is not a number fails the call')
   await t.rejects(batch.eval([good], [...one(1), '1', 1, 2, 1e6, 1e5, 1e5]), /compare|nil/, 'a key index out of range fails the call')
   t.equal(await redis.exists(good), 0, 'nothing written')

@@ -517,12 +517,18 @@ t.test('the bounds: a window of exactly 2^52 us is accepted, one microsecond-ish
   await redis.del(key)
 })
 
-t.test('a key holding a string that is not a number fails the call, like a key of the wrong type', async (t) => {
+t.test('a key holding a string that is not a bucket fails the call, like a key of the wrong type, naming the key', async (t) => {
   const tag = uniqueTag('garbage')
   const key = `test:${tag}:a`
   await redis.set(key, 'tokens:5', 'PX', 60_000)
-  await t.rejects(script.run([spec(key, 10, 1)], true), /arithmetic on a string/, 'one policy')
-  await t.rejects(script.run([spec(key, 10, 1), spec(`test:${tag}:b`, 10, 1)], true), /arithmetic on a string/, 'several')
+  const named = new RegExp(`^WRONGTYPE ${key.replace(/[{}]/g, '\\$&')} holds a string that is not a tollgate bucket`)
+  await t.rejects(script.run([spec(key, 10, 1)], true), named, 'one policy')
+  await t.rejects(script.run([spec(`test:${tag}:b`, 10, 1), spec(key, 10, 1)], true), named, 'several')
   t.equal(await redis.get(key), 'tokens:5', 'and it is left as it was')
+  t.equal(await redis.exists(`test:${tag}:b`), 0, 'nothing else written')
+  await redis.rpush(`test:${tag}:list`, 'x')
+  await t.rejects(script.run([spec(`test:${tag}:b`, 10, 1), spec(`test:${tag}:list`, 10, 1)], true), /^WRONGTYPE test:\{.*\}:list holds a list that is not a tollgate bucket/,
+    'a key of another type among several: GET refuses it (MGET read it as a full bucket)')
+  t.equal(await redis.type(`test:${tag}:list`), 'list', 'left a list')
   t.equal(await redis.exists(`test:${tag}:b`), 0, 'nothing else written')
 })
