@@ -13,16 +13,16 @@
 -- TTL (one millisecond after full, rounded up) are those of the last
 -- request that wrote it.
 --
--- All or nothing: validate everything, then write everything. Every key is
--- read and checked first, as lua/token-bucket.lua checks it (read its
--- header): a key of another type, or a string that Lua does not read as
--- a whole number below 1e17 ("abc", "nan", "inf", a longer number), fails
--- the call with a WRONGTYPE error naming the key. Then every request is decided on the
--- copy held here; then every value to write is checked (a whole number of
--- microseconds below 1e17: an argument that is not a number would make
--- one NaN, which PSETEX refuses), and only then is anything written. So a
--- call that fails has written nothing, and one that writes, writes every
--- key it decided.
+-- All or nothing: validate everything, then write everything. Every key
+-- is read and checked first, as lua/token-bucket.lua checks it (read its
+-- header): a key of another type, or a string that Lua does not read as a
+-- whole number below 1e17 ("abc", "nan", "inf", a longer number), fails
+-- the call with a WRONGTYPE error naming the key. Then every request is
+-- decided on the copy held here; then every value to write is checked (a
+-- whole number of microseconds below 1e17: an argument that is not a
+-- number would make one NaN, which PSETEX refuses), and only then is
+-- anything written. So a call that fails has written nothing, and one
+-- that writes, writes every key it decided.
 --
 -- One bad key among good ones: the whole call fails, having written
 -- nothing, and the caller (lib/store/redis-store.ts) decides each of its

@@ -77,15 +77,16 @@
 -- Keys that are no bucket: every key is read, and checked, before
 -- anything is written. A key of another type (a list, a hash, a set, ...)
 -- or a string that Lua does not read as a whole number from 0 to below
--- 1e17 ("abc", "nan", "inf", "-1", "1.5", a number of 18 digits or more:
--- values the old arithmetic read as a number, or clamped as a clock step,
--- and then overwrote) fails the call with a WRONGTYPE error that names the
--- key, and nothing is written: the request follows its failure mode and
--- the key stays as it was. Each key is read with GET (MGET would read a
--- key of another type as missing, a full bucket, and PSETEX would replace
--- it), through redis.pcall, so that the error can name the key. Every
--- full-at time the scripts write is a whole number below 1e17 (below 2^53
--- here, a little more in lua/settle.lua's debt).
+-- 1e17 ("abc", "", "nan", "inf", "-1", "1.5", 1e17 or more; arithmetic
+-- alone reads most of these as a number, decides on it or clamps it as a
+-- clock step, and the write replaces the key) fails the call with a
+-- WRONGTYPE error that names the key, and nothing is written: the request
+-- follows its failure mode and the key stays as it was. Each key is read
+-- with GET (MGET would read a key of another type as missing, a full
+-- bucket, and PSETEX would replace it), through redis.pcall, so that the
+-- error can name the key. Every full-at time the scripts write is a whole
+-- number below 1e17 (below 2^53 here, a little more in lua/settle.lua's
+-- debt).
 --
 -- Speed: one policy, the common case, takes a path of its own (no loop, no
 -- table); ARGV strings are converted by arithmetic, once each, without a
