@@ -33,9 +33,8 @@
 import { spawn } from 'node:child_process'
 import { resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
-import { Redis } from 'ioredis'
 import { createLimiter } from 'tollgate'
-import { startRedis } from './redis.mjs'
+import { ownRedis } from './redis.mjs'
 import { commandStats, redisCpuUs } from './stats.mjs'
 
 const env = (name, fallback) => {
@@ -51,15 +50,8 @@ const SETTLES = env('SETTLES', 3000)
 const MESSAGES = env('MESSAGES', 20000)
 const LISTENERS = env('LISTENERS', 8)
 
-const own = await startRedis()
-const url = `redis://${own.host}:${own.port}`
-const clients = []
-const connect = async () => {
-  const redis = new Redis(url)
-  await redis.ping()
-  clients.push(redis)
-  return redis
-}
+const own = await ownRedis()
+const { url, connect } = own
 const admin = await connect()
 const limiters = []
 const limiterOf = (create, options) => {
@@ -206,5 +198,4 @@ line(`| ${LISTENERS} | ${many.perMessagePerListener.toFixed(2)} | ${many.redisPe
 line(`Redis per PUBLISH, ${LISTENERS} listeners / 1: ${ratio(many.redisPerPublish, one.redisPerPublish)}`)
 
 for (const limiter of limiters) await limiter.close()
-for (const redis of clients) redis.disconnect()
 await own.stop()

@@ -1,7 +1,8 @@
 // A throwaway redis-server for the benchmark: a free loopback port, a private
 // temp dir, no persistence. stop() ends it and removes the dir; stopSync() is
 // the last resort for exit handlers; a small watchdog ends it if this process
-// dies by a signal that leaves no chance to clean up.
+// dies by a signal that leaves no chance to clean up. ownRedis() adds the
+// ioredis clients a benchmark opens to it, ended with it.
 
 import { spawn } from 'node:child_process'
 import { rmSync } from 'node:fs'
@@ -10,6 +11,7 @@ import { connect, createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { Redis } from 'ioredis'
 
 const HOST = '127.0.0.1'
 const START_TIMEOUT_MS = 10_000
@@ -128,6 +130,30 @@ function running (child, port, dir) {
       if (stopped) return
       try { child.kill('SIGKILL') } catch {}
       finish()
+    }
+  }
+}
+
+/**
+ * A redis-server of the benchmark's own, with its URL; connect() opens an
+ * ioredis client to it (answering PING), stop() ends every client opened
+ * so, then the server.
+ */
+export async function ownRedis () {
+  const server = await startRedis()
+  const url = `redis://${server.host}:${server.port}`
+  const clients = []
+  return {
+    url,
+    async connect () {
+      const redis = new Redis(url)
+      await redis.ping()
+      clients.push(redis)
+      return redis
+    },
+    async stop () {
+      for (const redis of clients) redis.disconnect()
+      await server.stop()
     }
   }
 }

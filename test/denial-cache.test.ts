@@ -602,6 +602,8 @@ t.test('Marks: size-capped; a mark dropped by the cap becomes the floor, so noth
   t.ok(marks.stale('x', 20), 'a lower floor changes nothing')
   marks.markAll(50)
   t.same([marks.stale('x', 50), marks.stale('x', 51)], [true, false], 'markAll raises it')
+  marks.mark('d', 60)
+  t.same([marks.stale('x', 51), marks.stale('a', 51), marks.stale('d', 55)], [false, false, true], 'a mark below the floor (a at 30) goes without lowering it')
 })
 
 t.test('every limiter closed above left no subscriber behind: only the warm-up limiter\'s is connected', async (t) => {

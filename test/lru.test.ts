@@ -120,6 +120,18 @@ const operations: Subject[] = [
         }
       }
     }
+  },
+  {
+    // Every reset or refund a server hears of marks its bucket (lib/core/marks.ts):
+    // with a reset per successful login, a new bucket per login. (Before the
+    // marks were an LRU, 40x at the cap: the oldest found by a walk.)
+    name: 'denial cache, reset() of a new bucket',
+    cap: 10_000,
+    bound: 4,
+    make: () => {
+      const cache = new DenialCache(10_000)
+      return { request: (key) => { cache.reset(key, performance.now()) } }
+    }
   }
 ]
 

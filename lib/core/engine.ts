@@ -105,7 +105,7 @@ export class Engine {
     leases.forget(key)
     const remote = this.#remote
     if (remote === undefined) return
-    remote.denials?.forget(key)
+    remote.denials?.reset(key, this.#parts.clock())
     await remote.guard.reset(key, defaultTimeout)
     // Again once Redis has applied it: a call in flight meanwhile may have
     // been decided before the reset, and its reply comes after.

@@ -1,3 +1,5 @@
+import { Lru } from './lru.js'
+
 /**
  * When each key last changed in a way a process-local cache cannot see
  * coming (a reset, a refund), on the monotonic clock: a reply to a call
@@ -15,15 +17,19 @@
  *
  * Size-capped: past `max` keys the oldest mark is dropped and becomes the
  * floor, below which every call is suspect; so forgetting a mark can only
- * make the cache skip an entry, never keep a stale one.
+ * make the cache skip an entry, never keep a stale one. The oldest is found
+ * in O(1) (lib/core/lru.ts): a plain Map's `keys().next()` walks the holes
+ * its deletions leave, which made a mark at the cap cost 40 times one below
+ * it, and every reset heard from the fleet marks a key.
  */
 export class Marks {
-  readonly #at = new Map<string, number>()
-  readonly #max: number
+  readonly #at: Lru<number>
   #floor = -Infinity
 
   constructor (max: number) {
-    this.#max = max
+    this.#at = new Lru<number>(max, (_key, when) => {
+      if (when > this.#floor) this.#floor = when
+    })
   }
 
   get size (): number {
@@ -32,15 +38,7 @@ export class Marks {
 
   /** `key` changed at `at`: replies to calls on it sent until then are suspect. */
   mark (key: string, at: number): void {
-    this.#at.delete(key)
     this.#at.set(key, at)
-    if (this.#at.size <= this.#max) return
-    const oldest = this.#at.entries().next()
-    if (oldest.done !== true) {
-      const [key, when] = oldest.value
-      this.#at.delete(key)
-      if (when > this.#floor) this.#floor = when
-    }
   }
 
   /** Every key may have changed until `at` (changes this process did not hear of). */
@@ -51,7 +49,7 @@ export class Marks {
   /** Whether a reply to a call on `key` sent at `sentAt` may predate a change. */
   stale (key: string, sentAt: number): boolean {
     if (sentAt <= this.#floor) return true
-    const at = this.#at.get(key)
+    const at = this.#at.peek(key)
     return at !== undefined && sentAt <= at
   }
 }

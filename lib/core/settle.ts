@@ -16,8 +16,8 @@
 // Why a refund forgets cached denials: a denial is cached while spending
 // by anyone can only delay the moment the bucket affords the cost; a
 // refund breaks that, so once the store has applied it, the cached denials
-// it can make wrong are dropped: that of the reservation's buckets, and
-// that of each of them alone (DenialCache.refunded), and a denial whose
+// it can make wrong are dropped: every one that involves one of the
+// reservation's buckets (DenialCache.refunded), and a denial whose
 // call was sent before is not cached when its reply comes later. The
 // other app servers are told too (`refunded`, lib/core/invalidation.ts), once
 // the store has applied it. A charge keeps them: it only delays.
