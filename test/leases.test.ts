@@ -783,6 +783,25 @@ t.test('peek on a leased policy says what consume would do on this server', asyn
   t.match(await limiter.peek('d', { ...half, cost: 10 }), { allowed: false, source: 'cache' }, 'and once the consume\'s denial is cached, the peek answers from it')
 })
 
+t.test('peek on a leased policy counts its lease only while Redis would take it back', async (t) => {
+  // Two servers lease batches of 4 from one bucket of 10 at cost 3: each
+  // keeps 1 token, Redis holds 2. Server one's next consume gives its 1
+  // back first, but Redis refuses it (server two took since, lua/lease.lua),
+  // so 2 tokens cannot pay 3. Before, its peek counted the 1 anyway: allowed.
+  const prefix = `lease${++prefixes}`
+  const [one, two] = [createLimiter({ redis: await connect(t), prefix, timeout: 2000 }), createLimiter({ redis: await connect(t), prefix, timeout: 2000 })]
+  t.teardown(() => Promise.all([one.close(), two.close()]))
+  const policy: Policy = { ...leased('api', 10, NO_REFILL, 4, 60_000), cost: 3 }
+  t.match(await one.consume('c', policy), { allowed: true, source: 'store' }, 'one: a batch of 4, 3 spent, 1 kept')
+  t.match(await two.consume('c', policy), { allowed: true, source: 'store' }, 'two: a batch of 4, 3 spent, 1 kept')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 10, NO_REFILL), 2, 1e-5, 'Redis holds 2')
+  const peeked = await one.peek('c', policy)
+  const consumed = await one.consume('c', policy)
+  t.match(consumed, { allowed: false, source: 'store' }, "one's consume: its 1 refused back, Redis's 2 cannot pay 3")
+  t.match(peeked, { allowed: false, source: 'store', remaining: 2 }, 'and its peek said so: 2 tokens, not 3')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 10, NO_REFILL), 2, 1e-5, 'the peek wrote nothing')
+})
+
 t.test('peek on a leased policy follows its failure mode when Redis is down', async (t) => {
   const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
   t.teardown(() => { redis.disconnect() })

@@ -387,9 +387,9 @@ export class RedisStore implements Store, LeaseStore {
     return extReply(numberAt(reply, 0, EXT), numberAt(reply, 1, EXT), spec)
   }
 
-  async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
+  async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number, peek = false): Promise<LeaseReply> {
     this.#ready()
-    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom])
+    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom, peek ? '1' : '0'])
     return {
       taken: numberAt(reply, 0, LEASE_S),
       nowUs: numberAt(reply, 1, LEASE_S),
