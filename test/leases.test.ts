@@ -355,16 +355,17 @@ t.test('the lease book is size-capped: past maxKeys the oldest lease is dropped'
   t.same(book.drain(), [], 'and drain() empties the book')
 })
 
-t.test('leases serve single-policy checks only', async (t) => {
+t.test('leases serve single-policy checks only: a list with a lease is refused at the call', async (t) => {
   const { limiter } = await newLimiter(t)
   const a = leased('a', 100, 100, 10, 60_000)
   const b: Policy = { bucket: 'b', capacity: 100, refillPerSecond: 100, failureMode: 'closed' }
   const before = await scriptCalls(admin)
-  for (let i = 0; i < 5; i++) {
-    const decision = await limiter.consume('c', [a, b])
-    t.match(decision, { allowed: true, source: 'store' }, `two policies, request ${i + 1}: decided by Redis`)
+  // Before, the list was accepted and the lease silently ignored: every call went to Redis.
+  for (const call of [() => limiter.consume('c', [a, b]), () => limiter.peek('c', [b, a])]) {
+    await t.rejects(call(), { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message: /^tollgate: `policy\[\d\]\.lease` must be unset in an array of policies \(leases serve single-policy routes\), got / })
   }
-  t.equal(await scriptCalls(admin) - before, 5, 'one call each: the lease of the first policy is not used')
+  t.equal(await scriptCalls(admin) - before, 0, 'no call made')
+  t.match(await limiter.consume('c', a), { allowed: true, source: 'store' }, 'the leased policy alone is fine')
 })
 
 t.test('plugin: a route with a lease', async (t) => {
