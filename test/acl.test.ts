@@ -100,7 +100,11 @@ t.test('through the core', async (root) => {
       await limiter.ready
       const atStart = [...logger.lines]
       const sources = new Set<string>()
-      for (let i = 0; i < REQUESTS; i++) sources.add((await limiter.consume('client', POLICY)).source)
+      // In bursts of 10, which the store sends as batches (lua/token-bucket-batch.lua).
+      for (let i = 0; i < REQUESTS; i += 10) {
+        const burst = await Promise.all(Array.from({ length: 10 }, async (_, j) => await limiter.consume(`client${j}`, POLICY)))
+        for (const decision of burst) sources.add(decision.source)
+      }
       t.same([...sources], ['fail-open'], `all ${REQUESTS} decisions follow failureMode 'open'`)
       t.equal(limiter.state, 'failing', "the state is not 'healthy'")
       checkLines(t, c, atStart, logger.lines)

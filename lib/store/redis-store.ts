@@ -63,9 +63,8 @@ export interface Pending {
  * A batch refused by an error about its content, which Redis replied with
  * (a key of another type, a value that is not a number, a script error;
  * never a server that cannot serve, nor one that cannot run the scripts or
- * a command inside them): it
- * wrote nothing, and each of its decisions is sent alone, to fail or not
- * as it would have without the others.
+ * a command inside them): it wrote nothing, and each of its decisions is
+ * sent alone, to fail or not as it would have without the others.
  */
 const CONTENT_ERROR = /^(?:ERR|WRONGTYPE)\b/
 
