@@ -15,6 +15,9 @@
 -- ARGV[6]   the full-at time, microseconds of Redis's clock, that the call
 --           which took that earlier lease left in the key (its reply's
 --           [2] + [4]); 0 when nothing is given back
+-- ARGV[7]   '1': a peek, deciding as this call would and writing nothing;
+--           [3] and [4] are then the bucket after the give-back, before
+--           any take (what a consume finds). Absent or '0': the call.
 --
 -- Returns:
 --   [1]  tokens taken, as a string: 0 when the bucket cannot afford the
@@ -58,6 +61,7 @@ local least = tonumber(ARGV[3])
 local most = tonumber(ARGV[4])
 local back = tonumber(ARGV[5])
 local from = tonumber(ARGV[6])
+local peek = ARGV[7] == '1'
 
 -- The key is read, and checked, before anything is written, as
 -- token-bucket.lua reads its keys (read its header): a key of another type,
@@ -85,13 +89,13 @@ if least > 0 then
   local over = busy + least * step - capacity * step
   if over <= 0 then
     taken = math.max(least, math.min(most, math.floor(capacity - busy / step)))
-    busy = math.ceil(busy + taken * step)
+    if not peek then busy = math.ceil(busy + taken * step) end
   else
     wait = math.ceil(over)
   end
 end
 
-if taken > 0 or given > 0 then
+if not peek and (taken > 0 or given > 0) then
   if busy > 0 then
     redis.call('PSETEX', KEYS[1], math.ceil(busy / 1000) + 1, now + busy)
   elseif stored ~= nil then

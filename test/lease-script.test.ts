@@ -183,6 +183,24 @@ t.test('a give-back is refused once another call has taken from the bucket', asy
   t.equal((await lease.run(call(key, 10, 0, 0, 1, 0))).given, 0, 'a give-back that names no lease is refused')
 })
 
+t.test('a peek decides as the call would, give-back included, and writes nothing', async (t) => {
+  const key = uniqueKey('peek')
+  const older = await lease.run(call(key, 10, 3, 4))
+  const olderFrom = older.nowUs + older.fullInUs
+  const accepted = await lease.run({ ...call(key, 10, 7, 7, 1, olderFrom), peek: true })
+  t.same([accepted.taken, accepted.given], [7, 1], 'the lease\'s 1 would be taken back: 6 + 1 pay 7')
+  near(t, accepted.remaining, 7, DRIFT, 'the bucket as the call finds it: after the give-back, before the take')
+  near(t, accepted.fullInUs, 3 * TOKEN_US, DRIFT * TOKEN_US, 'full again after the 3 tokens still out')
+  t.equal(Number(await redis.get(key)), olderFrom, 'nothing written')
+  await lease.run(call(key, 10, 3, 4))
+  const stored = await redis.get(key)
+  const refused = await lease.run({ ...call(key, 10, 3, 3, 1, olderFrom), peek: true })
+  t.same([refused.taken, refused.given], [0, 0], 'another call took since: the give-back would be refused, and 2 cannot pay 3')
+  near(t, refused.remaining, 2, DRIFT, '2 in the bucket')
+  near(t, refused.waitUs, TOKEN_US, DRIFT * TOKEN_US, 'the wait for the missing token')
+  t.equal(await redis.get(key), stored, 'nothing written')
+})
+
 t.test('a full-at time far ahead (Redis\'s clock stepped back) costs at most one window', async (t) => {
   // Capacity 10 at 10/s: a window is 1 s. The key holds a full-at time 1 h
   // ahead of Redis's clock: the state a step back of 1 h leaves behind.

@@ -355,16 +355,17 @@ t.test('the lease book is size-capped: past maxKeys the oldest lease is dropped'
   t.same(book.drain(), [], 'and drain() empties the book')
 })
 
-t.test('leases serve single-policy checks only', async (t) => {
+t.test('leases serve single-policy checks only: a list with a lease is refused at the call', async (t) => {
   const { limiter } = await newLimiter(t)
   const a = leased('a', 100, 100, 10, 60_000)
   const b: Policy = { bucket: 'b', capacity: 100, refillPerSecond: 100, failureMode: 'closed' }
   const before = await scriptCalls(admin)
-  for (let i = 0; i < 5; i++) {
-    const decision = await limiter.consume('c', [a, b])
-    t.match(decision, { allowed: true, source: 'store' }, `two policies, request ${i + 1}: decided by Redis`)
+  // Before, the list was accepted and the lease silently ignored: every call went to Redis.
+  for (const call of [() => limiter.consume('c', [a, b]), () => limiter.peek('c', [b, a])]) {
+    await t.rejects(call(), { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message: /^tollgate: `policy\[\d\]\.lease` must be unset in an array of policies \(leases serve single-policy routes\), got / })
   }
-  t.equal(await scriptCalls(admin) - before, 5, 'one call each: the lease of the first policy is not used')
+  t.equal(await scriptCalls(admin) - before, 0, 'no call made')
+  t.match(await limiter.consume('c', a), { allowed: true, source: 'store' }, 'the leased policy alone is fine')
 })
 
 t.test('plugin: a route with a lease', async (t) => {
@@ -781,6 +782,25 @@ t.test('peek on a leased policy says what consume would do on this server', asyn
   t.match(await limiter.peek('d', { ...half, cost: 10 }), { allowed: false, source: 'store' }, 'cost 10: more than Redis and the lease hold, denied')
   t.match(await limiter.consume('d', { ...half, cost: 10 }), { allowed: false }, 'as the consume is')
   t.match(await limiter.peek('d', { ...half, cost: 10 }), { allowed: false, source: 'cache' }, 'and once the consume\'s denial is cached, the peek answers from it')
+})
+
+t.test('peek on a leased policy counts its lease only while Redis would take it back', async (t) => {
+  // Two servers lease batches of 4 from one bucket of 10 at cost 3: each
+  // keeps 1 token, Redis holds 2. Server one's next consume gives its 1
+  // back first, but Redis refuses it (server two took since, lua/lease.lua),
+  // so 2 tokens cannot pay 3. Before, its peek counted the 1 anyway: allowed.
+  const prefix = `lease${++prefixes}`
+  const [one, two] = [createLimiter({ redis: await connect(t), prefix, timeout: 2000 }), createLimiter({ redis: await connect(t), prefix, timeout: 2000 })]
+  t.teardown(() => Promise.all([one.close(), two.close()]))
+  const policy: Policy = { ...leased('api', 10, NO_REFILL, 4, 60_000), cost: 3 }
+  t.match(await one.consume('c', policy), { allowed: true, source: 'store' }, 'one: a batch of 4, 3 spent, 1 kept')
+  t.match(await two.consume('c', policy), { allowed: true, source: 'store' }, 'two: a batch of 4, 3 spent, 1 kept')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 10, NO_REFILL), 2, 1e-5, 'Redis holds 2')
+  const peeked = await one.peek('c', policy)
+  const consumed = await one.consume('c', policy)
+  t.match(consumed, { allowed: false, source: 'store' }, "one's consume: its 1 refused back, Redis's 2 cannot pay 3")
+  t.match(peeked, { allowed: false, source: 'store', remaining: 2 }, 'and its peek said so: 2 tokens, not 3')
+  near(t, await bucketTokens(`${prefix}:{c}:api`, 10, NO_REFILL), 2, 1e-5, 'the peek wrote nothing')
 })
 
 t.test('peek on a leased policy follows its failure mode when Redis is down', async (t) => {

@@ -114,13 +114,16 @@ t.test('scripting refused after start-up: one error line when it starts, then th
   t.equal(states[0], 'open', 'the breaker opens')
 })
 
-t.test('a warm-up peek that fails for another reason is left to the failure modes', async (t) => {
+t.test('a start-up probe that fails for another reason is left to the failure modes', async (t) => {
   const redis = new Redis(await redisUrl(t))
   t.teardown(() => redis.quit())
   const key = `${uniquePrefix()}:warm`
   await redis.hset(key, 'not', 'a bucket')
   t.teardown(() => redis.del(key))
   t.equal(await new RedisStore(redis).warm(key), undefined, 'WRONGTYPE: Redis runs the scripts')
+  const idle = new Redis(await redisUrl(t), { lazyConnect: true, enableOfflineQueue: false })
+  t.teardown(() => idle.disconnect())
+  t.equal(await new RedisStore(idle).warm(key), undefined, 'not connected yet: nothing is known of the scripts')
   const { url } = await server(t, ['--rename-command', 'EVALSHA', ''])
   const refused = await new RedisStore(client(t, url)).warm(key)
   t.match(refused, { code: 'TOLLGATE_STORE_ERROR', message: /^store call failed: ERR unknown command 'evalsha'/ })

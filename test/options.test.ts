@@ -320,9 +320,9 @@ t.test('a failing key, cost or allow function: 500 naming the route, no store ca
     }
     return calls
   }
-  // The start-up peek (lib/store/redis-store.ts warm) is the one script call so far.
+  // The start-up probe (lib/store/redis-store.ts warm) is the one script call so far.
   const before = await evals()
-  t.equal(before, 1, 'the start-up peek')
+  t.equal(before, 1, 'the start-up probe')
   for (const [url, , message] of routes) {
     const res = await app.inject(url)
     t.equal(res.statusCode, 500, url)

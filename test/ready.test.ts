@@ -6,11 +6,11 @@
 import { Redis } from 'ioredis'
 import t from 'tap'
 import { createLimiter } from '../lib/index.js'
-import { LEASE, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_BATCH, TOKEN_BUCKET_EXT } from '../lib/store/redis-store.js'
+import { LEASE, PROBE, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_BATCH, TOKEN_BUCKET_EXT } from '../lib/store/redis-store.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startRedisServer } from './helpers/redis.js'
 
-const SCRIPTS = [TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT]
+const SCRIPTS = [TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT, PROBE]
 
 t.test('ready loads every script, once however often it is read, and leaves the limiter healthy', async (t) => {
   const server = await startRedisServer()
@@ -20,10 +20,10 @@ t.test('ready loads every script, once however often it is read, and leaves the 
   await redis.script('FLUSH')
   const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: 1000 })
   t.teardown(() => limiter.close())
-  t.same(await redis.script('EXISTS', ...SCRIPTS.map((s) => s.sha)), [0, 0, 0, 0, 0], 'nothing loaded before ready is read')
+  t.same(await redis.script('EXISTS', ...SCRIPTS.map((s) => s.sha)), [0, 0, 0, 0, 0, 0], 'nothing loaded before ready is read')
   t.equal(limiter.ready, limiter.ready, 'one warm-up')
   await limiter.ready
-  t.same(await redis.script('EXISTS', ...SCRIPTS.map((s) => s.sha)), [1, 1, 1, 1, 1], 'every script loaded')
+  t.same(await redis.script('EXISTS', ...SCRIPTS.map((s) => s.sha)), [1, 1, 1, 1, 1, 1], 'every script loaded')
   t.equal(limiter.state, 'healthy')
   t.match(await limiter.consume('c', { bucket: 'b', capacity: 2, refillPerSecond: 1, failureMode: 'closed' }), { allowed: true, source: 'store' })
 })

@@ -26,7 +26,7 @@ import type { Metrics } from './metrics.js'
 import type { Remote } from './remote.js'
 import type { Settlements } from './settle.js'
 import type { MemoryStore } from '../store/memory-store.js'
-import { wholeTokens, type BucketSpec, type ExtReply, type ExtSpec, type StoreReply } from '../store/store.js'
+import type { BucketSpec, ExtReply, ExtSpec } from '../store/store.js'
 import type { Decision, Policy, Reservation } from './types.js'
 import type { Waiters } from './waiters.js'
 
@@ -254,20 +254,22 @@ export class Engine {
   /**
    * A peek of a leased policy says what a consume would do on this server:
    * a lease that can pay the cost allows it (spending nothing); a cached
-   * denial denies it; else the store decides, on the cost less the lease's
-   * usable rest, which the consume's lease call gives back first (accepted
-   * while no other server took from the bucket since: see lua/lease.lua).
+   * denial denies it; else the store decides, with the very lease call the
+   * consume would send (the lease's usable rest given back first, accepted
+   * only while no other server took from the bucket since: lua/lease.lua)
+   * as a peek, which writes nothing.
    */
   async #leasedPeek (remote: Remote, policy: Policy, lease: Lease, spec: BucketSpec): Promise<Decision> {
     const { leases, defaultTimeout } = this.#parts
     const served = leases.peek(policy, spec, lease.maxAgeMs) ?? remote.denials?.get(spec.key, [spec])
     if (served !== undefined) return served
-    const rest = leases.usable(spec)
-    const asked = [{ ...spec, cost: Math.max(0, spec.cost - rest) }]
-    return await remote.guard.decide(asked, false, policy.timeout ?? defaultTimeout, (reply) => {
-      const decision = summarize([policy], reply, 'store')
-      return rest === 0 ? decision : { ...decision, remaining: wholeTokens(Math.min(policy.capacity, (reply.buckets[0] as StoreReply['buckets'][number]).remaining + rest)) }
-    }, () => this.#fallback(remote.guard, [policy], [spec], false))
+    const back = leases.held(spec)
+    try {
+      const reply = await remote.guard.run(() => remote.store.lease(spec, spec.cost, back?.tokens ?? 0, back?.fullAtUs ?? 0, true), policy.timeout ?? defaultTimeout, [spec])
+      return summarize([policy], { allowed: reply.taken > 0, buckets: [reply.bucket] }, 'store')
+    } catch {
+      return this.#fallback(remote.guard, [policy], [spec], false)
+    }
   }
 
   /** The store side of lease calls: through the guard, each reply turned into a decision. */

@@ -2,7 +2,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock, type Deadline } from './deadline.js'
 import { StoreError, messageOf } from './errors.js'
 import { OutageLog, type Timers } from './outage.js'
-import { scriptsRefused } from '../store/errors.js'
+import { commandRefused, scriptsRefused } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 
@@ -53,11 +53,12 @@ const UNUSABLE = /^(?:LOADING|BUSY|MASTERDOWN|CLUSTERDOWN|READONLY|MISCONF|OOM|T
 
 /**
  * True for an error Redis itself replied with, from a server that can serve
- * us: proof the store is alive. A server that cannot run the scripts
- * (lib/core/outage.ts scriptsRefused) answers, but can decide nothing: it is not.
+ * us: proof the store is alive. A server that cannot run the scripts, or
+ * refuses a command inside them (lib/store/errors.ts scriptsRefused,
+ * commandRefused), answers, but can decide nothing: it is not.
  */
 export function provesAlive (cause: unknown): boolean {
-  return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message) && !scriptsRefused(cause)
+  return cause instanceof Error && cause.name === 'ReplyError' && !UNUSABLE.test(cause.message) && !scriptsRefused(cause) && !commandRefused(cause)
 }
 
 /**

@@ -124,10 +124,10 @@ export class LeaseBook {
     return this.#pay(policy, spec, maxAgeMs, false)
   }
 
-  /** The usable tokens of this bucket's lease, which the next lease call gives back first; 0 without one (or one of another plan). */
-  usable (spec: BucketSpec): number {
+  /** What the next lease call of this bucket gives back first (LeaseFlights), keeping the lease; undefined without one (or one of another plan). */
+  held (spec: BucketSpec): GiveBack | undefined {
     const lease = this.#leases.get(spec.key)
-    return lease === undefined || !samePlan(lease.spec, spec) ? 0 : usableOf(lease, this.clock() - lease.sentAt)
+    return lease === undefined || !samePlan(lease.spec, spec) ? undefined : this.#giveBack(lease)
   }
 
   #pay (policy: Policy, spec: BucketSpec, maxAgeMs: number, spend: boolean): Decision | undefined {

@@ -7,8 +7,10 @@
 //   failing    once, when the store turns from healthy to failing, with the
 //              error and the store's address; at error level when the store
 //              cannot run the scripts at all (scripting renamed, refused by
-//              ACL, or a server without its Lua engine), which no reconnect
-//              repairs;
+//              ACL, or a server without its Lua engine) or refuses a
+//              command inside them (an ACL without TIME, a read-only
+//              replica), which no reconnect repairs: that line names the
+//              refused commands and the fix;
 //   summary    while it keeps failing, at most one line per `summaryMs`:
 //              the decisions made without the store since the last line,
 //              by failure mode, and the latest error; a period without
@@ -19,7 +21,7 @@
 // The period's timer and the clock are injected (tests drive them by hand);
 // the real timer is unref'd, so an outage never keeps a process alive.
 
-import { scriptsRefused, type StoreError } from '../store/errors.js'
+import { commandRefused, refusalFix, scriptsRefused, type StoreError } from '../store/errors.js'
 import { messageOf } from './errors.js'
 import type { Clock } from './deadline.js'
 import type { FallbackCounts, Logger } from './types.js'
@@ -98,7 +100,7 @@ export class OutageLog {
    */
   failed (err: StoreError, message?: string): boolean {
     this.#lastError = err
-    const noScripts = scriptsRefused(err.cause)
+    const noScripts = scriptsRefused(err.cause) || commandRefused(err.cause)
     if (this.#since !== undefined) {
       // Failing already (say, not connected yet), and now it is clear the
       // scripts cannot run: that is worth its own line, once.
@@ -146,11 +148,19 @@ export class OutageLog {
     this.#noScripts = false
   }
 
-  /** `err` is one whose cause scriptsRefused: Redis's reply, an Error. */
+  /** `err` is one whose cause scriptsRefused or commandRefused: Redis's reply, an Error. */
   #tellNoScripts (err: StoreError): void {
     this.#noScripts = true
-    this.#logger?.error({ err, ...this.#target },
-      `rate limit store cannot run tollgate's scripts (${messageOf(err.cause)}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
+    const said = messageOf(err.cause)
+    if (scriptsRefused(err.cause)) {
+      this.#logger?.error({ err, ...this.#target },
+        `rate limit store cannot run tollgate's scripts (${said}): scripting is renamed, refused to this user by an ACL, or the server has no Lua engine; limits follow their failure modes until it can`)
+      return
+    }
+    const refused = err.refused ?? []
+    const which = refused.length === 0 ? '' : `${refused.join(', ')} refused; `
+    this.#logger?.error({ err, ...this.#target, refused },
+      `rate limit store refuses commands inside tollgate's scripts (${which}${said}): ${refusalFix(said, refused)}; limits follow their failure modes until it can`)
   }
 
   /** `since`: when the store started failing (the timer runs only until it recovers). */

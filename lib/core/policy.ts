@@ -118,14 +118,19 @@ export function unsettled (policy: Policy, where: string): void {
   }
 }
 
+/** Why a list of policies refuses a `lease`, in the routes' words and the core's. */
+export const LEASE_IN_LIST = 'unset in an array of policies (leases serve single-policy routes)'
+
 /**
  * Checks what only a list of policies can get wrong: `lockout` and
  * `maxWaitMs` serve single-policy checks (one script call decides one
- * bucket with its lockout or reservation).
+ * bucket with its lockout or reservation), and so does `lease` (a batch is
+ * taken from one bucket; a list is decided by Redis on every call).
  */
 export function checkPolicies (list: readonly Policy[], where = 'policy'): void {
   if (list.length < 2) return
   for (const [i, policy] of list.entries()) {
+    if (policy.lease !== undefined) throw optionError(`${where}[${i}].lease`, policy.lease, LEASE_IN_LIST)
     for (const name of ['lockout', 'maxWaitMs'] as const) {
       if (policy[name] !== undefined) throw optionError(`${where}[${i}].${name}`, policy[name], 'unset in an array of policies (it serves single-policy checks)')
     }

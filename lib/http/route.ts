@@ -12,7 +12,7 @@
 
 import { optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
-import { CORE_POLICY_CHECKS, checkPolicies, parsePolicy } from '../core/policy.js'
+import { CORE_POLICY_CHECKS, LEASE_IN_LIST, checkPolicies, parsePolicy } from '../core/policy.js'
 import { cost, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
@@ -115,7 +115,7 @@ export function compileRoute<Req> (
     const at = list.length === 1 ? where : `${listWhere}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
     const fields: RouteFields = parseFields(entry, dialect.checks, at, {}, dialect.adapter)
-    if (list.length > 1 && fields.lease !== undefined) throw optionError(`${at}lease`, fields.lease, 'unset in an array of policies (leases serve single-policy routes)')
+    if (list.length > 1 && fields.lease !== undefined) throw optionError(`${at}lease`, fields.lease, LEASE_IN_LIST)
     const base = defaults.bucket ?? name
     const merged: RouteFields = { ...defaults, ...fields, ...(list.length > 1 ? { lease: undefined } : {}) }
     const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)

@@ -4,10 +4,13 @@
 /** A store call that failed, timed out or was skipped by the breaker. */
 export class StoreError extends Error {
   readonly code: string
-  constructor (code: 'TOLLGATE_STORE_TIMEOUT' | 'TOLLGATE_STORE_DOWN' | 'TOLLGATE_STORE_ERROR' | 'TOLLGATE_BREAKER_OPEN', message: string, options?: { cause?: unknown }) {
+  /** The commands the start-up probe found refused inside the scripts (lua/probe.lua), when it ran. */
+  readonly refused?: readonly string[]
+  constructor (code: 'TOLLGATE_STORE_TIMEOUT' | 'TOLLGATE_STORE_DOWN' | 'TOLLGATE_STORE_ERROR' | 'TOLLGATE_BREAKER_OPEN', message: string, options?: { cause?: unknown, refused?: readonly string[] }) {
     super(message, options)
     this.name = 'StoreError'
     this.code = code
+    if (options?.refused !== undefined) this.refused = options.refused
   }
 }
 
@@ -22,4 +25,38 @@ const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPE
 /** True for an error that says the store cannot run the scripts. */
 export function scriptsRefused (cause: unknown): cause is Error {
   return cause instanceof Error && NO_SCRIPTS.test(cause.message)
+}
+
+/**
+ * Reply errors that say a command inside a script was refused, while the
+ * scripts themselves run: an ACL that does not grant the user one of the
+ * commands they run (TIME is only in @fast, so +@read +@write +@scripting
+ * lacks it): "NOPERM ... has no permissions to run the 'time' command"
+ * since Redis 7.2, "can't run this command or subcommand" before; a key
+ * the ACL does not cover (NOPERM, or "can't access" before 7.2); a
+ * read-only replica (READONLY); a script run read-only (EVAL_RO). No
+ * decision can be made there until the user or the server changes: the
+ * store is down for the limiter.
+ */
+const REFUSED_IN_SCRIPT = /^(?:NOPERM|READONLY)\b|has no permissions to|can't run this command|can't access|Write commands are not allowed from read-only scripts/
+
+/** True for an error that says the store refused a command inside tollgate's scripts. */
+export function commandRefused (cause: unknown): cause is Error {
+  return cause instanceof Error && REFUSED_IN_SCRIPT.test(cause.message)
+}
+
+/** Every command lua/*.lua runs (lua/probe.lua tries each), for the fix of a refusal that does not name one. */
+export const SCRIPT_COMMANDS: readonly string[] = ['TIME', 'GET', 'MGET', 'PTTL', 'PSETEX', 'DEL']
+
+/**
+ * What the operator does about a refusal (`message`: Redis's), given the
+ * commands found refused at start-up (lua/probe.lua), if known.
+ */
+export function refusalFix (message: string, commands: readonly string[]): string {
+  if (/^READONLY\b|read-only scripts/.test(message)) return 'the scripts write their buckets, so point the client at a writable primary'
+  if (/\baccess\b.*\bkeys?\b/.test(message)) return "grant this Redis user the keys under tollgate's prefix (~<prefix>:*)"
+  const named = /run the '([^']+)' command/.exec(message)?.[1]
+  const grant = commands.length > 0 ? commands : named === undefined ? SCRIPT_COMMANDS : [named]
+  const rules = grant.map((c) => `+${c.toLowerCase()}`).join(' ')
+  return `grant ${rules} to tollgate's Redis user (ACL SETUSER <user> ${rules})`
 }

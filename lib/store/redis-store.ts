@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import { scriptsRefused, StoreError } from './errors.js'
+import { commandRefused, scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
@@ -39,6 +39,8 @@ export const SETTLE: Script = script('settle.lua')
 export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
 /** lua/token-bucket-batch.lua. */
 export const TOKEN_BUCKET_BATCH: Script = script('token-bucket-batch.lua')
+/** lua/probe.lua. */
+export const PROBE: Script = script('probe.lua')
 
 /** Most decisions of one batched script call, by default. */
 export const DEFAULT_BATCH_MAX = 64
@@ -60,14 +62,14 @@ export interface Pending {
 /**
  * A batch refused by an error about its content, which Redis replied with
  * (a key of another type, a value that is not a number, a script error;
- * never a server that cannot serve, nor one that cannot run scripts): it
- * wrote nothing, and each of its decisions is sent alone, to fail or not
- * as it would have without the others.
+ * never a server that cannot serve, nor one that cannot run the scripts or
+ * a command inside them): it wrote nothing, and each of its decisions is
+ * sent alone, to fail or not as it would have without the others.
  */
 const CONTENT_ERROR = /^(?:ERR|WRONGTYPE)\b/
 
 function refusedContent (err: unknown): boolean {
-  return err instanceof Error && CONTENT_ERROR.test(err.message) && !scriptsRefused(err)
+  return err instanceof Error && CONTENT_ERROR.test(err.message) && !scriptsRefused(err) && !commandRefused(err)
 }
 
 /**
@@ -130,6 +132,24 @@ function storeReply (reply: unknown, specs: readonly BucketSpec[]): StoreReply {
     return { allowed: value >= 0, buckets: [bucketState(value, only)] }
   }
   return bucketsReply(reply, 0, specs, SINGLE)
+}
+
+/**
+ * The commands lua/probe.lua found refused inside a script, as a store
+ * error whose cause is the first refusal; undefined when none was (an
+ * error of another kind, say WRONGTYPE on its key, says the server runs
+ * the scripts).
+ */
+function refusalOf (failed: readonly unknown[]): StoreError | undefined {
+  const refused: string[] = []
+  let cause: Error | undefined
+  for (let i = 0; i + 1 < failed.length; i += 2) {
+    const err = new Error(String(failed[i + 1]))
+    if (!commandRefused(err)) continue
+    refused.push(String(failed[i]))
+    cause ??= err
+  }
+  return cause === undefined ? undefined : new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause, refused })
 }
 
 /**
@@ -366,9 +386,9 @@ export class RedisStore implements Store, LeaseStore {
     return extReply(numberAt(reply, 0, EXT), numberAt(reply, 1, EXT), spec)
   }
 
-  async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply> {
+  async lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number, peek = false): Promise<LeaseReply> {
     this.#ready()
-    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom])
+    const reply = await this.#run(LEASE, 1, [spec.key, spec.capacity, spec.refillPerSecond, spec.cost, most, giveBack, giveBackFrom, peek ? '1' : '0'])
     return {
       taken: numberAt(reply, 0, LEASE_S),
       nowUs: numberAt(reply, 1, LEASE_S),
@@ -423,22 +443,28 @@ export class RedisStore implements Store, LeaseStore {
 
   /**
    * Loads the scripts on every master, which also opens the connections, so
-   * the first decisions after start-up need neither; then peeks at `key`
-   * (a peek writes nothing), as a decision would, to learn whether this
-   * server runs the scripts at all: SCRIPT LOAD succeeding does not show
-   * that EVALSHA is allowed, nor SCRIPT LOAD failing that it is not.
-   * Resolves with the peek's error when it says the scripts cannot run
-   * (lib/core/outage.ts scriptsRefused), else undefined: other failures are the
-   * failure modes' to cover, for a store that is not there yet.
+   * the first decisions after start-up need neither; then runs lua/probe.lua
+   * on `key` with EVALSHA, as a decision would, to learn whether this server
+   * runs the scripts at all (SCRIPT LOAD succeeding does not show that
+   * EVALSHA is allowed, nor SCRIPT LOAD failing that it is not), and each
+   * command inside them (an ACL without TIME, a read-only replica).
+   * Resolves with an error when the scripts or a command in them are
+   * refused (lib/store/errors.ts scriptsRefused, commandRefused), naming the
+   * refused commands; else undefined: other failures are the failure
+   * modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {
-    await this.#redis.loadScripts([TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT].map((s) => s.lua))
+    await this.#redis.loadScripts([TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT, PROBE].map((s) => s.lua))
+    let failed: unknown[]
     try {
-      await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
+      this.#ready()
+      // A flat array of names and errors, empty when every command ran.
+      failed = [await this.#run(PROBE, 1, [key])].flat()
     } catch (cause) {
-      if (scriptsRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
+      if (scriptsRefused(cause) || commandRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
+      return undefined
     }
-    return undefined
+    return refusalOf(failed)
   }
 
   async reset (key: string): Promise<void> {

@@ -127,8 +127,12 @@ export interface LeaseReply {
 
 /** A store that can lend tokens in batches (see lua/lease.lua). */
 export interface LeaseStore {
-  /** `giveBackFrom`: the full-at time the call that took the given-back tokens left (lua/lease.lua, ARGV[6]). */
-  lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number): Promise<LeaseReply>
+  /**
+   * `giveBackFrom`: the full-at time the call that took the given-back
+   * tokens left (lua/lease.lua, ARGV[6]). `peek`: decide as the call would,
+   * writing nothing; the reply's bucket is then as the call would find it.
+   */
+  lease (spec: BucketSpec, most: number, giveBack: number, giveBackFrom: number, peek?: boolean): Promise<LeaseReply>
 }
 
 /**

@@ -275,6 +275,8 @@ export interface LeaseCall extends Shape {
   most: number
   back: number
   from?: number
+  /** ARGV[7] '1': decide as the call would, writing nothing. */
+  peek?: boolean
 }
 
 /** lua/lease.lua (or the TOLLGATE_TEST_LEASE_LUA text) run directly. */
@@ -297,7 +299,9 @@ export class LeaseRunner {
 }
 
 function leaseArgs (call: LeaseCall): Array<string | number> {
-  return [call.capacity, call.refillPerSecond, call.least, call.most, call.back, call.from ?? 0]
+  const args: Array<string | number> = [call.capacity, call.refillPerSecond, call.least, call.most, call.back, call.from ?? 0]
+  if (call.peek === true) args.push('1')
+  return args
 }
 
 /** Checks the shape and element types of a lease reply; throws on anything unexpected. */

@@ -152,6 +152,8 @@ t.test('provesAlive: only a reply error of a server that can serve is a sign of 
     t.equal(provesAlive(reply(`${code} the server says no`)), false, code)
   }
   t.equal(provesAlive(reply("ERR unknown command 'evalsha', with args beginning with: ")), false, 'scripts refused')
+  t.equal(provesAlive(reply("ERR The user executing the script can't run this command or subcommand script: 3a23, on @user_script:87.")), false, 'a command refused inside a script')
+  t.equal(provesAlive(reply('ERR Write commands are not allowed from read-only scripts. script: 3a23, on @user_script:87.')), false, 'a script run read-only')
   t.equal(provesAlive(reply('WRONGTYPE Operation against a key holding the wrong kind of value')), true)
   t.equal(provesAlive(reply('ERR value is not an integer or out of range')), true)
   t.equal(provesAlive(reply('BUSYKEY Target key name already exists.')), true, 'BUSYKEY is not BUSY')

@@ -318,6 +318,8 @@ t.test('createCore checks its options, and every call, before anything is spent'
     ['policy window over 2^52 µs', async () => limiter.consume('k', { ...policy, capacity: 1e10, refillPerSecond: 1e-6 }),
       { name: 'policy.refillPerSecond', got: '0.000001', expect: 'an empty bucket may take at most 2^52 µs' }],
     ['two policies, one with maxWaitMs', async () => limiter.consume('k', [policy, { ...policy, bucket: 'c', maxWaitMs: 10 }]), { name: 'policy[1].maxWaitMs', got: '10', expect: 'unset in an array of policies' }],
+    ['two policies, one with a lease', async () => limiter.consume('k', [{ ...policy, lease: { tokens: 1, maxAgeMs: 10 } }, { ...policy, bucket: 'c' }]),
+      { name: 'policy[0].lease', got: '{"tokens":1,"maxAgeMs":10}', expect: 'unset in an array of policies (leases serve single-policy routes)' }],
     ['cost argument > capacity', async () => limiter.consume('k', policy, 6), { name: 'cost', got: '6', expect: 'at most capacity (5) of bucket "b"' }],
     ['cost argument 0', async () => limiter.consume('k', policy, 0), { name: 'cost', got: '0' }],
     ['cost argument NaN', async () => limiter.consume('k', policy, NaN), { name: 'cost', got: 'NaN' }],
