@@ -2,7 +2,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock, type Deadline } from './deadline.js'
 import { StoreError, messageOf } from './errors.js'
 import { OutageLog, type Timers } from './outage.js'
-import { scriptsRefused } from '../store/errors.js'
+import { reshardRefused, scriptsRefused } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 
@@ -223,10 +223,16 @@ export class Guard {
     })
   }
 
-  /** A rejected call: fails only itself when Redis answered it (see provesAlive), else counts as a store failure. */
+  /**
+   * A rejected call: fails only itself when Redis answered it (see provesAlive;
+   * a resharding's refusal, see reshardRefused, without a log line: it is
+   * routine), else counts as a store failure.
+   */
   #refused (cause: unknown, probe: boolean, specs: readonly BucketSpec[]): StoreError {
     const err = asStoreError(cause)
-    if (provesAlive(cause)) {
+    if (reshardRefused(cause)) {
+      this.#succeeded()
+    } else if (provesAlive(cause)) {
       this.#succeeded()
       const message = /^WRONGTYPE/.test(messageOf(cause)) ? 'rate limit key holds a value of the wrong type' : 'rate limit store refused the call'
       this.#logger?.error({ err, keys: specs.map((s) => s.key) }, message)

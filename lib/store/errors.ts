@@ -23,3 +23,18 @@ const NO_SCRIPTS = /^(?:ERR unknown command [`'"]?(?:evalsha|eval|script)\b|NOPE
 export function scriptsRefused (cause: unknown): cause is Error {
   return cause instanceof Error && NO_SCRIPTS.test(cause.message)
 }
+
+/**
+ * Reply errors about where keys are while a Cluster reshards, not about
+ * Redis failing: TRYAGAIN (a call whose keys the migration of their slot has
+ * split between two masters; Redis ran nothing) and ASK or MOVED (keys on
+ * another master; every supported Cluster client follows them, so one shows
+ * here only from a client that gave up). The call failed alone: its
+ * decision follows its failure mode, and the breaker does not count it.
+ */
+const RESHARDING = /^(?:TRYAGAIN|ASK|MOVED)\b/
+
+/** True for a refusal that a Cluster's resharding causes (see RESHARDING). */
+export function reshardRefused (cause: unknown): boolean {
+  return cause instanceof Error && RESHARDING.test(cause.message)
+}
