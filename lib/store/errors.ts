@@ -38,3 +38,27 @@ const RESHARDING = /^(?:TRYAGAIN|ASK|MOVED)\b/
 export function reshardRefused (cause: unknown): boolean {
   return cause instanceof Error && RESHARDING.test(cause.message)
 }
+
+/** The errors of notConnectedYet, told apart by stillConnecting. */
+const FIRST_CONNECTION = new WeakSet<Error>()
+
+/**
+ * A call refused because the client has never been connected yet (making
+ * its first connection, or waiting to be asked to): nothing was sent.
+ */
+export function notConnectedYet (message: string): StoreError {
+  const err = new StoreError('TOLLGATE_STORE_DOWN', message)
+  FIRST_CONNECTION.add(err)
+  return err
+}
+
+/**
+ * True for a failure of a client still making its first connection. The
+ * breaker does not count it: it spares a failing Redis calls, and this one
+ * was never sent; counted, a burst of requests while the client connects
+ * (a few milliseconds) would keep the store from deciding for a whole
+ * cool-down after it is ready.
+ */
+export function stillConnecting (cause: unknown): boolean {
+  return cause instanceof Error && FIRST_CONNECTION.has(cause)
+}

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import { scriptsRefused, StoreError } from './errors.js'
+import { notConnectedYet, scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
@@ -225,6 +225,8 @@ export class RedisStore implements Store, LeaseStore {
   /** Decisions of this turn, to be sent by `#flush`. */
   #pending: Pending[] = []
   #scheduled = false
+  /** The client was seen ready once: its failures to connect from then on are Redis's (see #down). */
+  #connected = false
 
   constructor (client: RedisClient, options: RedisStoreOptions = {}) {
     this.#redis = storeClient(client)
@@ -249,13 +251,21 @@ export class RedisStore implements Store, LeaseStore {
 
   #ready (): void {
     if (this.#redis.status !== 'ready') throw this.#down()
+    this.#connected = true
   }
 
+  /**
+   * The error of a call that finds the client not connected. Until the
+   * client has been seen ready once, it is still making its first
+   * connection (lib/store/errors.ts notConnectedYet: not counted by the
+   * breaker).
+   */
   #down (): StoreError {
     const redis = this.#redis
-    if (redis.status !== 'wait') return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} is not connected (status ${redis.status})`)
+    const error = this.#connected ? (message: string) => new StoreError('TOLLGATE_STORE_DOWN', message) : notConnectedYet
+    if (redis.status !== 'wait') return error(`Redis at ${this.target} is not connected (status ${redis.status})`)
     redis.connect()
-    return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
+    return error(`Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
   }
 
   /**
@@ -266,6 +276,7 @@ export class RedisStore implements Store, LeaseStore {
    */
   decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply> {
     if (this.#redis.status !== 'ready') return Promise.reject(this.#down())
+    this.#connected = true
     if (this.#batchMax === 0) {
       sent?.()
       return this.#single(specs, consume)
