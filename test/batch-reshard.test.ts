@@ -6,11 +6,16 @@
 // of one client's keys on with ASK, which the client follows. Batching must
 // not turn the migration into an outage: the share of decisions made by
 // Redis in both groups is that of `batch: false`, the breaker stays closed,
-// and no client is charged for more than it asked.
+// and no client is charged for more than it asked. And a decision whose own
+// keys the migration has split (two policies, one key moved) is refused as
+// it would be unbatched: a client that hands the TRYAGAIN over (node-redis)
+// gets the failure mode at once, the breaker does not count it, and nothing
+// is spent.
 
 import diagnostics from 'node:diagnostics_channel'
 import { once } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { createCluster } from 'redis'
 import t, { type Test } from 'tap'
 import { createLimiter, type Limiter, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
@@ -30,11 +35,13 @@ const CLIENTS = 6
 const FLOOD_MS = 2000
 const AFTER_MS = 1500
 /**
- * A deadline well above a decision's time on a busy 2-core machine, so that
- * neither mode loses decisions to the machine's noise: what it loses, it
- * loses to the migration.
+ * A deadline well above a decision's time on a busy 2-core machine (one
+ * stall past it fails a whole turn's 12 decisions, enough to open the
+ * breaker), so that neither mode loses decisions to the machine's noise:
+ * what it loses, it loses to the migration. ioredis retries a TRYAGAIN for
+ * 1.6 s (16 times, 100 ms apart), past this deadline too.
  */
-const TIMEOUT_MS = 50
+const TIMEOUT_MS = 250
 /** Most the share decided by Redis may fall below `batch: false`'s: a call missing its deadline now and then, in either mode. */
 const TOLERANCE = 0.05
 
@@ -182,4 +189,40 @@ t.test('a slot migrating under a batched flood: Redis decides as much as without
       t.ok(spent >= allowed && spent <= asked, `${id}: spent ${spent}, at least the ${allowed} Redis allowed, at most the ${asked} asked`)
     }
   }
+})
+
+t.test('a decision whose own keys the migration split: refused (TRYAGAIN), answered by the failure mode, not counted by the breaker, nothing spent', async (t) => {
+  const client = createCluster({ rootNodes: cluster.startupNodes.map((n) => ({ socket: n })) })
+  client.on('error', () => {})
+  await client.connect()
+  t.teardown(() => { try { client.destroy() } catch {} })
+  const prefix = uniquePrefix()
+  // One failure would open this breaker.
+  const limiter = createLimiter({ redis: client, prefix, timeout: 1000, denialCache: false, breaker: { failures: 1, cooldownMs: 60_000 } })
+  t.teardown(() => limiter.close())
+  await limiter.ready
+  const both: Policy[] = [policy, { ...policy, bucket: 'b2' }]
+  const masters = await cluster.masters()
+  const source = await cluster.masterFor(keyOf(prefix, 'split'))
+  const target = masters.find((m) => m !== source) as RedisServer
+  const slot = slotOf(keyOf(prefix, 'split'))
+  t.match(await limiter.consume('split', both), { allowed: true, source: 'store' }, 'both buckets written on the slot\'s master')
+  let opened = 0
+  const listener = (message: unknown): void => { if ((message as { state: string }).state === 'open') opened++ }
+  diagnostics.subscribe('tollgate:breaker', listener)
+  t.teardown(() => diagnostics.unsubscribe('tollgate:breaker', listener))
+  await startMigration(source, target, slot, keyOf(prefix, 'split'))
+  for (let i = 0; i < 5; i++) {
+    const started = performance.now()
+    t.match(await limiter.consume('split', both), { allowed: true, source: 'fail-open' }, 'the two keys are on two masters: refused')
+    t.ok(performance.now() - started < 500, 'at once, not at the deadline')
+  }
+  t.match(await limiter.consume('split', policy), { allowed: true, source: 'store' }, 'the moved bucket alone: sent on with ASK, decided by Redis')
+  t.equal(limiter.state, 'healthy')
+  await endMigration(source, target, slot, masters)
+  t.match(await limiter.consume('split', both), { allowed: true, source: 'store' }, 'both, once the slot has moved')
+  t.equal(opened, 0, 'the breaker never opened')
+  const remaining = async (p: Policy): Promise<number> => (await limiter.peek('split', p)).remaining
+  t.equal(await remaining(policy), (policy.capacity as number) - 3, 'bucket b: the three decisions Redis allowed, none of the refused')
+  t.equal(await remaining(both[1] as Policy), (policy.capacity as number) - 2, 'bucket b2: the two Redis allowed')
 })
