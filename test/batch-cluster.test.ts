@@ -1,14 +1,15 @@
 // Batches on a real local Redis Cluster (3 masters): a script call holds
-// keys of one slot, so the decisions of one turn are grouped by the slot
-// of their client's hash tag (lib/store/slot.ts, checked here against
-// CLUSTER KEYSLOT), one batch per slot, each sent to the master that owns
-// it. Every decision is right, and each master runs one call per slot of
-// its own among those asked.
+// the decisions of one set of keys (one client's, for one route), so the
+// decisions of one turn are one batch per client here, each sent to the
+// master that owns the client's slot (test/helpers/slot.ts, checked here
+// against CLUSTER KEYSLOT, finds it). Every decision is right, and each
+// master runs one call per client of its own among those asked.
+// test/batch-reshard.test.ts shows why a batch never holds two clients.
 
 import { once } from 'node:events'
 import t from 'tap'
 import { createLimiter, type Policy } from '../lib/index.js'
-import { slotOf } from '../lib/store/slot.js'
+import { slotOf } from './helpers/slot.js'
 import { TOKEN_BUCKET, TOKEN_BUCKET_BATCH } from '../lib/store/redis-store.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
@@ -24,7 +25,7 @@ t.test('slotOf is CLUSTER KEYSLOT', async (t) => {
   for (const key of keys) t.equal(slotOf(key), await redisCommand(masters[0] as RedisServer, ['CLUSTER', 'KEYSLOT', key]), JSON.stringify(key))
 })
 
-t.test('the decisions of one turn: one batch per slot, each on its master, all right', async (t) => {
+t.test('the decisions of one turn: one batch per client, each on its master, all right', async (t) => {
   const client = cluster.client({ enableOfflineQueue: false })
   client.on('error', () => {})
   t.teardown(() => client.disconnect())

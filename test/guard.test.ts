@@ -155,11 +155,27 @@ t.test('a script error on one route does not open the breaker for another', asyn
   t.same(states, [])
 })
 
+t.test("a resharding's refusals (TRYAGAIN, ASK, MOVED) fail the call alone, unlogged, and never open the breaker", async (t) => {
+  const redis = await sharedRedis(t)
+  const specs = [spec()]
+  const reply = (message: string) => () => redis.eval('return redis.error_reply(ARGV[1])', 0, message)
+  const states = watchBreaker(t)
+  for (const message of ['TRYAGAIN Multiple keys request during rehashing of slot', 'ASK 3999 127.0.0.1:6381', 'MOVED 3999 127.0.0.1:6381']) {
+    const { logger: log, lines } = logger()
+    const guard = new Guard(new RedisStore(redis), { failures: 1, cooldownMs: 60_000 }, log)
+    for (let i = 0; i < 3; i++) await t.rejects(guard.run(reply(message), 1000, specs), { code: 'TOLLGATE_STORE_ERROR' })
+    t.equal(guard.state, 'healthy', `${message.split(' ')[0] ?? ''}: the store is not failing`)
+    t.same(lines, [], 'nothing logged')
+    t.equal(await guard.decide(specs, false, 1000, () => 'store', () => 'fallback'), 'store', 'the next call reaches Redis')
+  }
+  t.same(states, [], 'the breaker never opened')
+})
+
 t.test('reply errors that mean Redis cannot serve count as failures', async (t) => {
   const redis = await sharedRedis(t)
   const specs = [spec()]
   const reply = (message: string) => () => redis.eval('return redis.error_reply(ARGV[1])', 0, message)
-  for (const code of ['LOADING', 'BUSY', 'MASTERDOWN', 'CLUSTERDOWN', 'READONLY', 'MISCONF', 'OOM', 'TRYAGAIN', 'NOREPLICAS', 'NOAUTH', 'NOPERM']) {
+  for (const code of ['LOADING', 'BUSY', 'MASTERDOWN', 'CLUSTERDOWN', 'READONLY', 'MISCONF', 'OOM', 'NOREPLICAS', 'NOAUTH', 'NOPERM']) {
     const guard = new Guard(new RedisStore(redis), { failures: 1, cooldownMs: 60_000 }, undefined)
     await t.rejects(guard.run(reply(`${code} the server says no`), 1000, specs), { code: 'TOLLGATE_STORE_ERROR' })
     t.equal(guard.state, 'failing', `${code}: the store is failing`)

@@ -2,7 +2,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { Deadlines, monotonic, type Clock, type Deadline } from './deadline.js'
 import { StoreError, messageOf } from './errors.js'
 import { OutageLog, type Timers } from './outage.js'
-import { commandRefused, scriptsRefused } from '../store/errors.js'
+import { commandRefused, reshardRefused, scriptsRefused, stillConnecting } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
 
@@ -224,13 +224,23 @@ export class Guard {
     })
   }
 
-  /** A rejected call: fails only itself when Redis answered it (see provesAlive), else counts as a store failure. */
+  /**
+   * A rejected call: fails only itself when Redis answered it (see provesAlive;
+   * a resharding's refusal, see reshardRefused, without a log line: it is
+   * routine), else counts as a store failure, unless the client is still
+   * making its first connection (see stillConnecting; a probe's failure
+   * opens the breaker again all the same).
+   */
   #refused (cause: unknown, probe: boolean, specs: readonly BucketSpec[]): StoreError {
     const err = asStoreError(cause)
-    if (provesAlive(cause)) {
+    if (reshardRefused(cause)) {
+      this.#succeeded()
+    } else if (provesAlive(cause)) {
       this.#succeeded()
       const message = /^WRONGTYPE/.test(messageOf(cause)) ? 'rate limit key holds a value of the wrong type' : 'rate limit store refused the call'
       this.#logger?.error({ err, keys: specs.map((s) => s.key) }, message)
+    } else if (stillConnecting(cause) && !probe) {
+      this.#turnFailing(err, undefined)
     } else {
       this.#failed(err, probe)
     }

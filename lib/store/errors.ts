@@ -60,3 +60,42 @@ export function refusalFix (message: string, commands: readonly string[]): strin
   const rules = grant.map((c) => `+${c.toLowerCase()}`).join(' ')
   return `grant ${rules} to tollgate's Redis user (ACL SETUSER <user> ${rules})`
 }
+
+/**
+ * Reply errors about where keys are while a Cluster reshards, not about
+ * Redis failing: TRYAGAIN (a call whose keys the migration of their slot has
+ * split between two masters; Redis ran nothing) and ASK or MOVED (keys on
+ * another master; every supported Cluster client follows them, so one shows
+ * here only from a client that gave up). The call failed alone: its
+ * decision follows its failure mode, and the breaker does not count it.
+ */
+const RESHARDING = /^(?:TRYAGAIN|ASK|MOVED)\b/
+
+/** True for a refusal that a Cluster's resharding causes (see RESHARDING). */
+export function reshardRefused (cause: unknown): boolean {
+  return cause instanceof Error && RESHARDING.test(cause.message)
+}
+
+/** The errors of notConnectedYet, told apart by stillConnecting. */
+const FIRST_CONNECTION = new WeakSet<Error>()
+
+/**
+ * A call refused because the client has never been connected yet (making
+ * its first connection, or waiting to be asked to): nothing was sent.
+ */
+export function notConnectedYet (message: string): StoreError {
+  const err = new StoreError('TOLLGATE_STORE_DOWN', message)
+  FIRST_CONNECTION.add(err)
+  return err
+}
+
+/**
+ * True for a failure of a client still making its first connection. The
+ * breaker does not count it: it spares a failing Redis calls, and this one
+ * was never sent; counted, a burst of requests while the client connects
+ * (a few milliseconds) would keep the store from deciding for a whole
+ * cool-down after it is ready.
+ */
+export function stillConnecting (cause: unknown): boolean {
+  return cause instanceof Error && FIRST_CONNECTION.has(cause)
+}

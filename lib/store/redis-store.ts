@@ -1,13 +1,12 @@
 import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import { commandRefused, scriptsRefused, StoreError } from './errors.js'
+import { commandRefused, notConnectedYet, scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
   type ReserveReply, type Store, type StoreReply
 } from './store.js'
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
-import { slotOf } from './slot.js'
 import { isNumbers, lengthOf, numberAt, numberOf, unexpectedReply } from './reply.js'
 
 // Each script is sent by its SHA-1 (EVALSHA), computed once; a NOSCRIPT
@@ -182,6 +181,31 @@ function answerAlone (p: Pending, reply: unknown): void {
   p.resolve(answer)
 }
 
+/**
+ * The decisions of a turn on a Cluster, grouped by the keys they name: a
+ * call holds the decisions of one set of keys, as a call of one decision
+ * does. Grouping by slot would batch more only when clients share a slot,
+ * which is rare among 16 384 (bench/RESULTS-cluster.md: one call per
+ * decision either way), and it breaks under resharding: while a slot
+ * migrates, a call whose keys are split between the two masters is refused
+ * with TRYAGAIN (ioredis retries it every 100 ms, far past any deadline),
+ * where a call of one client's keys is sent on with ASK and decided, as it
+ * would be without batching. The group's name joins the keys: should two
+ * sets join alike, both begin with keys of one hash tag, so the call
+ * still stays on one slot.
+ */
+function byKeys (pending: readonly Pending[]): IterableIterator<Pending[]> {
+  const groups = new Map<string, Pending[]>()
+  for (const p of pending) {
+    // A decision has one bucket at least: one key is the common case, named without a copy.
+    const name = p.specs.length === 1 ? (p.specs[0] as BucketSpec).key : p.specs.map((spec) => spec.key).join('\n')
+    const group = groups.get(name)
+    if (group === undefined) groups.set(name, [p])
+    else group.push(p)
+  }
+  return groups.values()
+}
+
 /** lua/settle.lua's keys: each bucket key, then its refund key. */
 function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
   const keys: Array<string | number> = []
@@ -198,9 +222,10 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * after the poll phase has read every socket that was ready, so it gathers
  * the decisions of all the requests that arrived together; a microtask
  * would run between two requests' callbacks and send each alone), as one
- * call of lua/token-bucket-batch.lua per slot and per `maxDecisions`, or
- * of lua/token-bucket.lua for a decision alone. The batches of a turn go
- * out together, pipelined on the one connection. A decision is `sent` when
+ * call of lua/token-bucket-batch.lua per `maxDecisions` (on a Cluster,
+ * per set of keys: byKeys), or of lua/token-bucket.lua for a decision
+ * alone. The batches of a turn go out together, pipelined on the one
+ * connection. A decision is `sent` when
  * its batch is: its deadline (lib/core/guard.ts) counts from there, so the
  * wait for the end of the turn, the app's own time, is not counted as
  * Redis's lateness.
@@ -220,6 +245,8 @@ export class RedisStore implements Store, LeaseStore {
   /** Decisions of this turn, to be sent by `#flush`. */
   #pending: Pending[] = []
   #scheduled = false
+  /** The client was seen ready once: its failures to connect from then on are Redis's (see #down). */
+  #connected = false
 
   constructor (client: RedisClient, options: RedisStoreOptions = {}) {
     this.#redis = storeClient(client)
@@ -244,13 +271,21 @@ export class RedisStore implements Store, LeaseStore {
 
   #ready (): void {
     if (this.#redis.status !== 'ready') throw this.#down()
+    this.#connected = true
   }
 
+  /**
+   * The error of a call that finds the client not connected. Until the
+   * client has been seen ready once, it is still making its first
+   * connection (lib/store/errors.ts notConnectedYet: not counted by the
+   * breaker).
+   */
   #down (): StoreError {
     const redis = this.#redis
-    if (redis.status !== 'wait') return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} is not connected (status ${redis.status})`)
+    const error = this.#connected ? (message: string) => new StoreError('TOLLGATE_STORE_DOWN', message) : notConnectedYet
+    if (redis.status !== 'wait') return error(`Redis at ${this.target} is not connected (status ${redis.status})`)
     redis.connect()
-    return new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
+    return error(`Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
   }
 
   /**
@@ -261,6 +296,7 @@ export class RedisStore implements Store, LeaseStore {
    */
   decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply> {
     if (this.#redis.status !== 'ready') return Promise.reject(this.#down())
+    this.#connected = true
     if (this.#batchMax === 0) {
       sent?.()
       return this.#single(specs, consume)
@@ -280,7 +316,7 @@ export class RedisStore implements Store, LeaseStore {
     })
   }
 
-  /** Sends the decisions of this turn: by slot on a Cluster, `#batchMax` at most a call. */
+  /** Sends the decisions of this turn: by keys on a Cluster (see byKeys), `#batchMax` at most a call. */
   readonly #flush = (): void => {
     const pending = this.#pending
     this.#pending = []
@@ -294,18 +330,10 @@ export class RedisStore implements Store, LeaseStore {
       this.#send(pending)
       return
     }
-    const slots = new Map<number, Pending[]>()
-    for (const p of pending) {
-      // A decision has one bucket at least, and all of a client's share its hash tag.
-      const slot = slotOf((p.specs[0] as BucketSpec).key)
-      const group = slots.get(slot)
-      if (group === undefined) slots.set(slot, [p])
-      else group.push(p)
-    }
-    for (const group of slots.values()) this.#send(group)
+    for (const group of byKeys(pending)) this.#send(group)
   }
 
-  /** Decisions of one slot, in calls of at most `#batchMax`. */
+  /** Decisions that may share a call, in calls of at most `#batchMax`. */
   #send (group: Pending[]): void {
     const max = this.#batchMax
     for (let from = 0; from < group.length; from += max) {

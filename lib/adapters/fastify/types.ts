@@ -94,7 +94,7 @@ export interface TollgateOptions extends RoutePolicy {
   denialCache?: { maxKeys?: number | undefined, maxAgeMs?: number | undefined } | false | undefined
   /**
    * Plain decisions asked in one turn of the event loop go to Redis as one
-   * script call (per Cluster slot), of at most `maxDecisions` (default 64,
+   * script call (on a Cluster, per set of keys), of at most `maxDecisions` (default 64,
    * from 2 to 1024); `false` sends each decision in a call of its own.
    */
   batch?: { maxDecisions?: number | undefined } | false | undefined
