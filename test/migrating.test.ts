@@ -192,7 +192,7 @@ const SHARED = { fastify: FRL, express: ERL, core: ERL } as const
 
 const HINTS: Record<string, Hint> = {
   // express-rate-limit
-  windowMs: { value: 60_000, from: ERL, all: /`refillPerSecond` \(limit \/ seconds of windowMs\): limit: 100, windowMs: 60_000 is capacity: 100, refillPerSecond: 100 \/ 60/ },
+  windowMs: { value: 90_000, from: ERL, all: /`refillPerSecond` \(limit \/ seconds of windowMs\): limit: 100, windowMs: 90000 is capacity: 100, refillPerSecond: 100 \/ 90 \(1\.111 a second\)/ },
   max: { value: 100, from: SHARED, fastify: /`refillPerSecond` \(max \/ seconds of timeWindow\)/, express: /`refillPerSecond` \(max \/ seconds of windowMs\)/, core: /`refillPerSecond` \(max \/ seconds of windowMs\)/ },
   standardHeaders: { value: 'draft-8', from: ERL, all: /use `headers`: 'draft-10': the same RateLimit and RateLimit-Policy lists/, core: NO_HEADERS },
   legacyHeaders: { value: true, from: ERL, all: /use `headers`: 'legacy' \(one mode at a time.*X-RateLimit-Reset counts seconds from now/, core: NO_HEADERS },
@@ -361,6 +361,26 @@ t.test('several foreign names are reported at once; a name no library has still 
   // Names are looked up as own keys only: Object.prototype's are no library's option.
   const proto = await PLACES[0]?.error('constructor', 1) as Error
   t.equal(proto.message, 'tollgate: unknown option `constructor`')
+})
+
+t.test('the windowMs hint works out the bucket from the app\'s own windowMs and max or limit', async (t) => {
+  const express = async (options: Record<string, unknown>): Promise<string> => {
+    const err = await caught(async () => { await rateLimit({ failureMode: 'open', logger: memoryLogger(), ...options } as never).close() }) as Error
+    return err.message
+  }
+  const cases: Array<[Record<string, unknown>, string]> = [
+    [{ windowMs: 900_000, max: 100 }, '`refillPerSecond` (max / seconds of windowMs): max: 100, windowMs: 900000 is capacity: 100, refillPerSecond: 100 / 900 (0.1111 a second)'],
+    [{ windowMs: 1500, limit: 3 }, '`refillPerSecond` (limit / seconds of windowMs): limit: 3, windowMs: 1500 is capacity: 3, refillPerSecond: 3 / 1.5 (2 a second)'],
+    [{ windowMs: 3_600_000, max: 0, limit: 'x' }, '`refillPerSecond` (limit / seconds of windowMs): limit: 100, windowMs: 3600000 is capacity: 100, refillPerSecond: 100 / 3600 (0.02778 a second)'],
+    [{ windowMs: '15m', max: 10 }, '`refillPerSecond` (max / seconds of windowMs): max: 10, windowMs: 60000 is capacity: 10, refillPerSecond: 10 / 60 (0.1667 a second)']
+  ]
+  for (const [options, advice] of cases) {
+    const message = await express(options)
+    const line = message.split('\n').find((l) => l.includes('`windowMs`')) ?? ''
+    t.ok(line.includes(`use \`capacity\` (the burst) and ${advice}`), `${JSON.stringify(options)}: ${line}`)
+  }
+  const core = await caught(async () => { await createLimiter({ windowMs: 60_000, max: 5 } as never).close() }) as Error
+  t.match(core.message, /max: 5, windowMs: 60000 is capacity: 5, refillPerSecond: 5 \/ 60 \(0\.08333 a second\)/, 'the core too')
 })
 
 t.test('nested options get no foreign hints: `local.max` is a typo, not @fastify/rate-limit', async (t) => {

@@ -199,3 +199,43 @@ t.test("Express: a `handler` passing the error to next() meets Express's final h
   t.equal(printed.filter((args) => /^RateLimitError: Rate limiter unavailable/.test(String(args[0]))).length, answered, 'one printed stack per 503 (docs/guides/failure-modes.md: answer them in an error middleware of your own)')
   t.equal(logs.lines.length, 2, "tollgate's own lines stay two")
 })
+
+/** console.warn, console.info and console.error calls while `t` runs, each as its level and arguments. */
+function consoleLines (t: Test): Array<[string, unknown[]]> {
+  const calls: Array<[string, unknown[]]> = []
+  for (const level of ['warn', 'info', 'error'] as const) {
+    const original = console[level]
+    console[level] = (...args: unknown[]) => { calls.push([level, args]) }
+    t.teardown(() => { console[level] = original })
+  }
+  return calls
+}
+
+t.test('Express with the default logger, a frozen then a killed Redis: one line per state change, with the error\'s message, code and the address, no stack', async (t) => {
+  const server = await ownServer(t)
+  const printed = consoleLines(t)
+  const send = await expressApp(t, server, captureLogs(), { logger: undefined })
+  const address = `redis="127.0.0.1:${server.port}"`
+  await outage(server, send)
+  await server.kill()
+  for (let i = 0; i < 10; i++) await send()
+  await server.restart()
+  t.ok(await (async () => {
+    const end = performance.now() + RECOVERY_MS
+    while (performance.now() < end) {
+      if ((await send()).fromStore) return true
+      await sleep(GAP_MS)
+    }
+    return false
+  })(), 'decided by Redis again after the restart')
+  t.ok(printed.every(([, args]) => args.length === 1 && typeof args[0] === 'string' && !String(args[0]).includes('\n')), 'every call prints one line of text')
+  const lines = printed.map(([level, args]) => [level, String(args[0])])
+  t.match(lines, [
+    ['warn', new RegExp(`^rate limit store failing; limits follow their failure modes err="[^"]+" code=TOLLGATE_STORE_TIMEOUT ${address}$`)],
+    ['info', /^rate limit store recovered downMs=\d+(\.\d+)? decisions=\{"local":0,"fail-open":0,"fail-closed":\d+\}$/],
+    ['warn', new RegExp(`^rate limit store failing; limits follow their failure modes err="Redis at 127\\.0\\.0\\.1:${server.port} is not connected[^"]*" code=TOLLGATE_STORE_DOWN ${address}$`)],
+    ['info', /^rate limit store recovered /]
+  ], 'the freeze, its recovery, the kill, its recovery')
+  t.equal(lines.length, 4, 'and nothing else')
+  t.comment(lines.map(([level, line]) => `${level}: ${line}`).join('\n'))
+})

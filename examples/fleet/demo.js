@@ -34,7 +34,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { Agent, request } from 'node:http'
 import { connect, createServer } from 'node:net'
 import { tmpdir } from 'node:os'
-import { delimiter, join, relative } from 'node:path'
+import { delimiter, isAbsolute, join, relative, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -81,6 +81,11 @@ function option (name, env, fallback, { integer = false, max = Infinity } = {}) 
   return value
 }
 
+// npm runs a script in the package's folder; the folder the user ran npm
+// from is INIT_CWD. A relative --svg is read from there, and the chart's
+// path printed for there.
+const USER_DIR = process.env.INIT_CWD ?? process.cwd()
+
 const config = {
   servers: option('servers', 'SERVERS', 4, { integer: true, max: 32 }),
   seconds: option('seconds', 'SECONDS', 10, { integer: true, max: 120 }),
@@ -88,7 +93,13 @@ const config = {
   refill: option('refill', 'REFILL', 20),
   rate: option('rate', 'RATE', 200, { max: 5000 }),
   cluster: flags.cluster,
-  svg: flags.svg ?? process.env.SVG ?? join(tmpdir(), `tollgate-fleet-${process.pid}.svg`)
+  svg: resolve(USER_DIR, flags.svg ?? process.env.SVG ?? join(tmpdir(), `tollgate-fleet-${process.pid}.svg`))
+}
+
+/** `path` as the user would type it from USER_DIR: relative below it, absolute elsewhere. */
+function shownPath (path) {
+  const rel = relative(USER_DIR, path)
+  return rel === '' || rel.startsWith('..') || isAbsolute(rel) ? path : rel
 }
 
 // ------------------------------------------------------------------ cleanup
@@ -489,7 +500,7 @@ try {
   const run = await drive(servers)
   const totals = summarize(servers, run, store.label)
   await writeFile(config.svg, chart(servers, run, totals, config.cluster ? 'Redis Cluster (3 masters)' : 'one Redis'))
-  console.log(`  chart      ${relative(process.cwd(), config.svg) || config.svg}`)
+  console.log(`  chart      ${shownPath(config.svg)}`)
 } catch (err) {
   console.error(`demo failed: ${err.message}`)
   process.exitCode = 1

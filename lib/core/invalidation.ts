@@ -6,7 +6,8 @@
 // How: Redis pub/sub, one channel per key prefix (`<prefix>:changes`).
 // Once Redis has applied a reset or a refund, the server that made it
 // publishes the keys it changed, through the app's client (PUBLISH is an
-// ordinary command). Each limiter listens on a connection of its own, a
+// ordinary command). The limiters of one client and prefix listen on one
+// connection of tollgate's own (lib/core/subscription.ts), a
 // duplicate of the app's client (of a Cluster: a duplicate of one of its
 // nodes, and of another one when that node is gone), so the app's client
 // is never put in subscriber mode, never modified and never closed. The
@@ -39,11 +40,13 @@
 //
 // The subscriber follows the app's client: once that client has ended
 // (quit or disconnect, no reconnection: 'end'), the subscriber is closed
-// too, so tollgate never keeps alive a process whose client the app let go.
+// too, so tollgate never keeps alive a process whose client the app let go;
+// and it closes when the last limiter using it is closed.
 
 import { randomUUID } from 'node:crypto'
 import type { StoreClient } from '../store/client.js'
 import { Deadlines, monotonic, type Clock } from './deadline.js'
+import { join, type Membership } from './subscription.js'
 import type { Logger } from './types.js'
 
 /** What the limiter does with the changes it hears of; `at` is the limiter's monotonic clock on arrival. */
@@ -56,8 +59,6 @@ export interface ChangeHandlers {
 
 /** The name of our connection in CLIENT LIST. */
 export const SUBSCRIBER_NAME = 'tollgate:changes'
-const RETRY_MIN_MS = 50
-const RETRY_MAX_MS = 2000
 
 export class Invalidations {
   readonly #client: StoreClient
@@ -67,12 +68,8 @@ export class Invalidations {
   readonly #logger: Logger | undefined
   readonly #deadlines: Deadlines
   readonly #clock: Clock
-  #subscriber: { close (): void } | undefined
-  #offEnd: () => void = () => {}
-  /** A connection was lost or refused since the last subscription started. */
-  #gap = false
-  #retryMs = RETRY_MIN_MS
-  #timer: NodeJS.Timeout | undefined
+  /** This limiter's place on the connection shared by the limiters of its client and prefix (lib/core/subscription.ts). */
+  readonly #membership: Membership | undefined
   /** A SUBSCRIBE, or a PUBLISH, failed since the last success: logged once. */
   #refused = { subscribe: false, publish: false }
 
@@ -84,8 +81,18 @@ export class Invalidations {
     this.#handlers = handlers
     this.#logger = logger
     if (this.#client.status === 'end') return
-    this.#offEnd = this.#client.onEnd(this.#clientEnded)
-    this.#connect()
+    this.#membership = join(this.#client, this.#channel, SUBSCRIBER_NAME, {
+      message: (text) => { this.#received(text) },
+      subscribed: (afterLoss) => {
+        this.#refused.subscribe = false
+        if (afterLoss) this.#handlers.resubscribed(this.#clock())
+      },
+      refused: (err) => {
+        if (this.#refused.subscribe) return
+        this.#refused.subscribe = true
+        this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: could not subscribe to the resets and refunds of other app servers; they reach this one only when its cached denials age out (denialCache.maxAgeMs)')
+      }
+    })
   }
 
   /** Tells the other servers that `key` was reset (after Redis applied it). */
@@ -98,42 +105,9 @@ export class Invalidations {
     await this.#publish({ from: this.#id, refund: keys }, timeoutMs)
   }
 
-  /** Closes the subscriber (never the app's client). Changes made here are still published. */
+  /** Leaves the subscription (its connection closes with the last limiter to leave; never the app's client). Changes made here are still published. */
   close (): void {
-    clearTimeout(this.#timer)
-    this.#offEnd()
-    this.#subscriber?.close()
-    this.#subscriber = undefined
-  }
-
-  readonly #clientEnded = (): void => { this.close() }
-
-  #connect (): void {
-    this.#subscriber = this.#client.subscribe(this.#channel, SUBSCRIBER_NAME, {
-      message: (text) => { this.#received(text) },
-      subscribed: () => {
-        this.#retryMs = RETRY_MIN_MS
-        this.#refused.subscribe = false
-        if (this.#gap) this.#handlers.resubscribed(this.#clock())
-        this.#gap = false
-      },
-      refused: (err) => {
-        if (this.#refused.subscribe) return
-        this.#refused.subscribe = true
-        this.#logger?.warn({ err, channel: this.#channel }, 'tollgate: could not subscribe to the resets and refunds of other app servers; they reach this one only when its cached denials age out (denialCache.maxAgeMs)')
-      },
-      ended: () => {
-        this.#subscriber = undefined
-        this.#gap = true
-        this.#retry()
-      }
-    })
-  }
-
-  /** A new connection after a pause that doubles up to RETRY_MAX_MS; the timer never keeps the process alive. */
-  #retry (): void {
-    this.#timer = setTimeout(() => { this.#connect() }, this.#retryMs).unref()
-    this.#retryMs = Math.min(RETRY_MAX_MS, this.#retryMs * 2)
+    this.#membership?.leave()
   }
 
   #received (message: string): void {

@@ -45,6 +45,8 @@ interface Place {
   readonly adapter: Adapter
   /** A tollgate option in backticks; one that is not valid here is noted, to say where it is set. */
   opt (name: string): string
+  /** The other options given with it, so that an advice can use the app's own numbers. */
+  readonly given: Readonly<Record<string, unknown>>
 }
 
 /** The replacement of one foreign option, for a place and the value given. */
@@ -95,7 +97,7 @@ function failureOf (at: Place, value: unknown): string {
 }
 
 const EXPRESS_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>([
-  ['windowMs', (at) => `${bucketOf(at, 'limit', 'windowMs')}: limit: 100, windowMs: 60_000 is capacity: 100, refillPerSecond: 100 / 60`],
+  ['windowMs', (at, value) => windowAdvice(at, value)],
   ['max', (at) => bucketOf(at, 'max', 'windowMs')],
   ['limit', (at) => bucketOf(at, 'limit', 'windowMs') + (at.adapter === 'core' ? '' : `; tollgate's own ${at.opt('limit')} is a function giving each request's plan`)],
   ['standardHeaders', (at, value) => headersAs(at, standardMode(value))],
@@ -127,6 +129,18 @@ const EXPRESS_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>(
   ['headers', (at) => headersAs(at, "'legacy'")],
   ['logger', (at) => at.adapter === 'fastify' ? "nothing: tollgate logs through Fastify's logger (app.log)" : at.opt('logger')]
 ])
+
+/**
+ * express-rate-limit's window as a bucket, worked out on the app's own
+ * `windowMs` and `max` (or `limit`) when given, else on 60 s and 100.
+ */
+function windowAdvice (at: Place, windowMs: unknown): string {
+  const positive = (n: unknown): n is number => typeof n === 'number' && Number.isFinite(n) && n > 0
+  const ms = positive(windowMs) ? windowMs : 60_000
+  const [name, count] = positive(at.given.max) ? ['max', at.given.max] : positive(at.given.limit) ? ['limit', at.given.limit] : ['limit', 100]
+  const seconds = ms / 1000
+  return `${bucketOf(at, name, 'windowMs')}: ${name}: ${count}, windowMs: ${ms} is capacity: ${count}, refillPerSecond: ${count} / ${seconds} (${Number((count / seconds).toPrecision(4))} a second)`
+}
 
 /** express-rate-limit's `standardHeaders` values, as tollgate's `headers` modes. */
 function standardMode (value: unknown): string {
@@ -202,10 +216,11 @@ const TABLES: Readonly<Record<Library, ReadonlyMap<string, Advice>>> = {
 }
 
 /** The advice of `library` at a place: what to use, then where the options named that are not valid there are set. */
-function advise (library: Library, advice: Advice, value: unknown, adapter: Adapter, known: readonly string[]): string {
+function advise (library: Library, advice: Advice, value: unknown, adapter: Adapter, known: readonly string[], given: Readonly<Record<string, unknown>>): string {
   const elsewhere = new Map<string, string[]>()
   const at: Place = {
     adapter,
+    given,
     opt: (name) => {
       if (!known.includes(name)) {
         const where = INSTANCE.has(name) ? ELSEWHERE[adapter].instance : ELSEWHERE[adapter].policy
@@ -226,12 +241,13 @@ function advise (library: Library, advice: Advice, value: unknown, adapter: Adap
 /**
  * What to use instead of `name`, an unknown option that another rate
  * limiter has, as the adapter's users most likely meant it; `known` are
- * the names valid where it was given. Undefined when no library has it.
+ * the names valid where it was given, `given` the options given with it.
+ * Undefined when no library has it.
  */
-export function migrationHint (name: string, value: unknown, adapter: Adapter, known: readonly string[]): string | undefined {
+export function migrationHint (name: string, value: unknown, adapter: Adapter, known: readonly string[], given: Readonly<Record<string, unknown>>): string | undefined {
   for (const library of ORDER[adapter]) {
     const advice = TABLES[library].get(name)
-    if (advice !== undefined) return advise(library, advice, value, adapter, known)
+    if (advice !== undefined) return advise(library, advice, value, adapter, known, given)
   }
   return undefined
 }

@@ -153,8 +153,9 @@ export function cost (value: unknown, name: string): number | AppFunction {
   return typeof value === 'function' ? isFunction(value, name) : positiveNumber(value, name)
 }
 
-function unknownOption (name: string, value: unknown, known: readonly string[], where: string, adapter: Adapter | undefined): TypeError {
-  const migration = adapter === undefined ? undefined : migrationHint(name, value, adapter, known)
+function unknownOption (name: string, input: Record<string, unknown>, known: readonly string[], where: string, adapter: Adapter | undefined): TypeError {
+  const value = input[name]
+  const migration = adapter === undefined ? undefined : migrationHint(name, value, adapter, known, input)
   const hint = migration === undefined ? closest(name, known) : undefined
   const advice = migration !== undefined ? `: ${migration}` : hint === undefined ? '' : `; did you mean \`${where}${hint}\`?`
   return codedTypeError(`tollgate: unknown option \`${where}${name}\`${advice}`)
@@ -190,7 +191,7 @@ export function parseFields<P extends Parsers, R extends keyof P & string = neve
   for (const name of Object.keys(input)) {
     const parse = Object.hasOwn(parsers, name) ? parsers[name] : undefined
     try {
-      if (parse === undefined) throw unknownOption(name, input[name], Object.keys(parsers), where, adapter)
+      if (parse === undefined) throw unknownOption(name, input, Object.keys(parsers), where, adapter)
       const value = input[name]
       if (value !== undefined) out[name] = parse(value, where + name)
     } catch (err) {

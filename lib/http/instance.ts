@@ -20,15 +20,32 @@ import type { Decision, Limiter, Logger, RedisClient, Reservation } from '../cor
 
 const START_WAIT_MS = 2000
 
-/** The default logger: the message, then what it is about, if anything. */
+/**
+ * The default logger: one line per call, as a pino logger writes one JSON
+ * line. Printed whole, an outage's error is a screen of object and stack
+ * (the StoreError, its cause and both stacks) per state change.
+ */
 export const CONSOLE: Logger = {
-  warn: (obj, msg) => { console.warn(...logArgs(obj, msg)) },
-  info: (obj, msg) => { console.info(...logArgs(obj, msg)) },
-  error: (obj, msg) => { console.error(...logArgs(obj, msg)) }
+  warn: (obj, msg) => { console.warn(logLine(obj, msg)) },
+  info: (obj, msg) => { console.info(logLine(obj, msg)) },
+  error: (obj, msg) => { console.error(logLine(obj, msg)) }
 }
 
-function logArgs (obj: object, msg: string): unknown[] {
-  return Object.keys(obj).length === 0 ? [msg] : [msg, obj]
+/** The message, then each field as `name=value`; an error as its message and code, never its stack. */
+export function logLine (obj: object, msg: string): string {
+  const fields = Object.entries(obj).map(([name, value]) => value instanceof Error ? errorFields(name, value) : `${name}=${fieldText(value)}`)
+  return [msg, ...fields].join(' ')
+}
+
+function errorFields (name: string, err: Error): string {
+  const code: unknown = Reflect.get(err, 'code')
+  const text = `${name}=${JSON.stringify(err.message)}`
+  return typeof code === 'string' ? `${text} code=${code}` : text
+}
+
+/** JSON, which has no text for `undefined` nor a function. */
+function fieldText (value: unknown): string {
+  return JSON.stringify(value) ?? String(value)
 }
 
 /** `logger`: a pino-like logger. */

@@ -5,6 +5,8 @@ import t from 'tap'
 import { clientId, ipIdentity } from '../../lib/core/keys.js'
 import { checkPolicy } from '../../lib/core/policy.js'
 import { PolicyHeaders, headerMode, headerPairs } from '../../lib/http/headers.js'
+import { logLine } from '../../lib/http/instance.js'
+import { StoreError } from '../../lib/store/errors.js'
 import type { Decision } from '../../lib/core/types.js'
 
 const policies = new PolicyHeaders([{ bucket: 'api', capacity: 10, refillPerSecond: 1 }], [{ bucket: 'api', capacity: 2, refillPerSecond: 1 }])
@@ -49,4 +51,12 @@ t.test('a route\'s timeout is bounded as the core\'s is, on both adapters\' opti
   const limit = rateLimit({ capacity: 1, refillPerSecond: 1, failureMode: 'open', timeout: 60_000, logger: quiet })
   t.throws(() => limit({ timeout: 1e12 }), { code: 'TOLLGATE_INVALID_OPTION', message: /timeout` must be at most 60000/ })
   await limit.close()
+})
+
+t.test('the middleware adapters\' default logger: one line, the message then each field; an error as its message and code, never its stack', async (t) => {
+  const err = new StoreError('TOLLGATE_STORE_DOWN', 'Redis at 127.0.0.1:6379 is not connected (status reconnecting)', { cause: new Error('connect ECONNREFUSED') })
+  t.equal(logLine({ err, redis: '127.0.0.1:6379' }, 'rate limit store failing'), 'rate limit store failing err="Redis at 127.0.0.1:6379 is not connected (status reconnecting)" code=TOLLGATE_STORE_DOWN redis="127.0.0.1:6379"')
+  t.equal(logLine({ err: new TypeError('bad\nkey') }, 'settle failed'), 'settle failed err="bad\\nkey"', 'an error without a code: its message, newlines escaped')
+  t.equal(logLine({ downMs: 12, decisions: { 'fail-open': 3 }, last: undefined }, 'recovered'), 'recovered downMs=12 decisions={"fail-open":3} last=undefined')
+  t.equal(logLine({}, 'no redis given'), 'no redis given')
 })

@@ -11,6 +11,7 @@
 
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress } from './address.js'
+import { fanOut } from './fan-out.js'
 
 type Route = { type: 'primarySlotKey', key: string } | 'allPrimaries' | 'randomNode'
 
@@ -78,15 +79,15 @@ export function glideClient (user: object): StoreClient {
     },
     connect: nothing,
     onReady: () => nothing,
-    onEnd (listener) {
-      // No event tells of a close: it is looked for once a second.
+    // No event tells of a close: it is looked for once a second, by one timer whoever listens.
+    onEnd: fanOut((call) => {
       const timer = setInterval(() => {
         if (client.isClosed !== true) return
         clearInterval(timer)
-        listener()
+        call()
       }, POLL_MS).unref()
       return () => { clearInterval(timer) }
-    },
+    }),
     evalsha: (sha, numKeys, args) => script('EVALSHA', sha, numKeys, args),
     eval: (lua, numKeys, args) => script('EVAL', lua, numKeys, args),
     isNoScript: (err) => err instanceof Error && err.message.startsWith('NOSCRIPT'),

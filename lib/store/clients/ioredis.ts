@@ -10,6 +10,7 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis'
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { hostPort, seedAddress } from './address.js'
+import { fanOut } from './fan-out.js'
 
 type Client = Redis | Cluster
 
@@ -59,14 +60,14 @@ export function ioredisClient (user: object): StoreClient {
     connect () {
       client.connect().catch(() => {})
     },
-    onReady (listener) {
-      client.on('ready', listener)
-      return () => { client.off('ready', listener) }
-    },
-    onEnd (listener) {
-      client.on('end', listener)
-      return () => { client.off('end', listener) }
-    },
+    onReady: fanOut((call) => {
+      client.on('ready', call)
+      return () => { client.off('ready', call) }
+    }),
+    onEnd: fanOut((call) => {
+      client.on('end', call)
+      return () => { client.off('end', call) }
+    }),
     evalsha: (sha, numKeys, args) => client.evalsha(sha, numKeys, ...args),
     eval: (lua, numKeys, args) => client.eval(lua, numKeys, ...args),
     isNoScript: (err) => err instanceof Error && err.message.startsWith('NOSCRIPT'),

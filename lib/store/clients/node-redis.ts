@@ -7,6 +7,7 @@
 
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress, socketAddress, urlAddress } from './address.js'
+import { fanOut } from './fan-out.js'
 
 interface Options { url?: string, socket?: Record<string, unknown>, rootNodes?: unknown[] }
 
@@ -115,14 +116,14 @@ export function nodeRedisClient (user: object): StoreClient {
     connect () {
       client.connect().catch(() => {})
     },
-    onReady (listener) {
-      client.on(readyEvent, listener)
-      return () => { client.off(readyEvent, listener) }
-    },
-    onEnd (listener) {
-      client.on('end', listener)
-      return () => { client.off('end', listener) }
-    },
+    onReady: fanOut((call) => {
+      client.on(readyEvent, call)
+      return () => { client.off(readyEvent, call) }
+    }),
+    onEnd: fanOut((call) => {
+      client.on('end', call)
+      return () => { client.off('end', call) }
+    }),
     evalsha: (sha, numKeys, args) => script('EVALSHA', sha, numKeys, args),
     eval: (lua, numKeys, args) => script('EVAL', lua, numKeys, args),
     isNoScript: (err) => err instanceof Error && err.message.startsWith('NOSCRIPT'),
@@ -214,7 +215,8 @@ function subscribe (client: NodeRedis, channel: string, name: string, events: Su
       if (masters.length === 0) throw new Error('no node known yet')
       base = await client.nodeClient(masters[Math.floor(Math.random() * masters.length)])
     }
-    return base.duplicate({ name, disableOfflineQueue: true, socket: { ...base.options?.socket, reconnectStrategy: false } })
+    // node-redis 4 would copy the app's isolationPoolOptions, and open its pool's `min` connections besides this one.
+    return base.duplicate({ name, disableOfflineQueue: true, isolationPoolOptions: undefined, socket: { ...base.options?.socket, reconnectStrategy: false } })
   }
 
   return {
