@@ -66,9 +66,17 @@ export interface Dialect {
   hint: string
   /** Whose users write the route's policies, for the hints of other libraries' names (lib/core/migrating.ts). */
   adapter: Adapter
+  /** Where the check runs, and what to change when a function of the app finds the request without what it reads (RouteLimit's). */
+  placement: string
 }
 
-export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it on the plugin or the route', adapter: 'fastify' }
+export const BASE_DIALECT: Dialect = {
+  checks: POLICY_CHECKS,
+  wide: ROUTE_WIDE,
+  hint: 'set it on the plugin or the route',
+  adapter: 'fastify',
+  placement: 'the check runs before the route\'s handler'
+}
 
 /** A function of the request, as the app wrote it; its result is checked per request. */
 export type RequestFn<Req, T> = (request: Req) => T | Promise<T>
@@ -93,6 +101,12 @@ export interface RouteLimit<Req> {
   settle: SettleFunction<Req, never> | undefined
   /** The route's policies as parsed, where an adapter reads its own settings (routeWide). */
   fields: readonly RouteFields[]
+  /**
+   * Where the check runs, and what to change when `key` or `cost` finds the
+   * request without what it reads (the body, a user set by authentication):
+   * the adapter's words, in the log line of a function that threw.
+   */
+  placement: string
 }
 
 /**
@@ -144,7 +158,8 @@ export function compileRoute<Req> (
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
     settle,
-    fields: entries
+    fields: entries,
+    placement: dialect.placement
   }
 }
 

@@ -49,7 +49,7 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from '../../core/errors.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
-import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './limits.js'
+import { APP_BUCKET, MAX_NAMES, badInput, registry, refuser, type LimitOf } from './limits.js'
 import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
@@ -200,6 +200,7 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     onAddress: proxy,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Express's 'trust proxy' so that req.ip is the client's address; otherwise give a \`key\` function`) },
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    refuse: refuser(log),
     settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const patterns = new RoutePatterns((pattern) => {

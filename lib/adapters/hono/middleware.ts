@@ -49,7 +49,7 @@ import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings
 import type { HeaderValue } from '../../http/headers.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { clientAddress, compileTrust, trustProxyOption, trustsAll, type Trust, type TrustProxy } from '../../http/proxy.js'
-import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, registry, type LimitOf, type Routes } from '../../http/registry.js'
+import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, refuser, registry, type LimitOf, type Routes } from '../../http/registry.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { POLICY_CHECKS, checkDefaults, routeName, type Defaults, type RouteLimit } from '../../http/route.js'
 import { STORE_CHECKS, adapterCore } from '../../http/setup.js'
@@ -225,6 +225,7 @@ export function rateLimit (options: HonoOptions): RateLimit {
     onAddress: trust === undefined && warningOn(options.warnings, 'proxy') ? forwardingWarning(log) : undefined,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (off @hono/node-server, or on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set \`trustProxy\` so that the proxy's X-Forwarded-For is read; otherwise give a \`key\` function`) },
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    refuse: refuser(log),
     settleFailed: (_c, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const { compile, appWide } = registry(defaults, ROUTES, middlewareDialect('hono'))
