@@ -23,7 +23,8 @@
 // follows whichever capacity each call sends, as in Fastify.
 
 import { optionError } from '../core/errors.js'
-import { isRecord } from '../core/options.js'
+import { honoHandlerHint } from '../core/migrating.js'
+import { hinted, isFunction, isRecord, type AppFunction } from '../core/options.js'
 import { BAD_INPUT } from './request.js'
 import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, type Defaults, type Dialect, type RouteLimit } from './route.js'
 import type { Logger } from '../core/types.js'
@@ -55,9 +56,22 @@ const PLACEMENT = {
   hono: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads what a middleware sets (a user with c.get(), a validator\'s c.req.valid()) needs the limiter placed after that middleware'
 } as const
 
-/** The dialect of the middleware adapters: their options are set in rateLimit() or limit(). */
+/** Hono's `handler`: `(c, err)`; hono-rate-limiter's `(c, next, options)` is refused with the way over. */
+export function honoHandler (value: unknown, name: string): AppFunction {
+  const fn = isFunction(value, name)
+  const hint = honoHandlerHint(fn)
+  if (hint !== undefined) throw hinted(name, value, 'a function (c, err) => Response', hint)
+  return fn
+}
+
+/**
+ * The dialect of the middleware adapters: their options are set in
+ * rateLimit() or limit(), and a route may answer its denials with its own
+ * `handler` (one per route).
+ */
 export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
-  return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter] }
+  const checks = { ...POLICY_CHECKS, handler: adapter === 'hono' ? honoHandler : isFunction }
+  return { checks, wide: [...ROUTE_WIDE, 'handler'], hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter] }
 }
 
 /**

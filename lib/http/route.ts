@@ -107,6 +107,12 @@ export interface RouteLimit<Req> {
    * the adapter's words, in the log line of a function that threw.
    */
   placement: string
+  /**
+   * The route's own answer to a denial, over the options' (the `handler` of
+   * tollgate/express and tollgate/hono; the Fastify plugin has none: its
+   * routes answer through Fastify's error handler). Typed by the adapter.
+   */
+  handler: AppFunction | undefined
 }
 
 /**
@@ -159,7 +165,8 @@ export function compileRoute<Req> (
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
     settle,
     fields: entries,
-    placement: dialect.placement
+    placement: dialect.placement,
+    handler: appFunction(routeWide(entries, defaults, 'handler'))
   }
 }
 
@@ -172,6 +179,11 @@ export function compileRoute<Req> (
  */
 function declared<F> (fn: AppFunction | number | undefined): F | undefined {
   return typeof fn === 'function' ? fn as F : undefined
+}
+
+/** A setting of an adapter's own (parsed by its dialect as a function), or undefined. */
+function appFunction (value: unknown): AppFunction | undefined {
+  return typeof value === 'function' ? value as AppFunction : undefined
 }
 
 /** A route-wide setting: from the route's policies (parsed), else the adapter's options. */

@@ -27,6 +27,7 @@
 import { PREVIEW_CHARS, clip, messageOf, preview, thrownPreview } from '../core/errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { parsePolicy } from '../core/policy.js'
+import { limitResultHint } from '../core/migrating.js'
 import { isRecord, parseFields, positiveNumber } from '../core/options.js'
 import type { Policy } from '../core/types.js'
 
@@ -131,7 +132,10 @@ async function call<R> (fn: LimitFunction<R>, request: R, bad: BadInput): Promis
 /** The policy under a plan, or why the plan is bad. */
 function merge (base: Policy, tier: unknown): Policy | string {
   const bad = `\`limit\` must return { capacity, refillPerSecond } or false, got ${preview(tier)}`
-  if (!isRecord(tier)) return bad
+  if (!isRecord(tier)) {
+    const hint = limitResultHint(tier)
+    return hint === undefined ? bad : `${bad}: ${hint}`
+  }
   try {
     const { capacity, refillPerSecond } = parseFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
     const policy = parsePolicy({ ...base, capacity, refillPerSecond }, 'limit().')
