@@ -257,9 +257,9 @@ export function limitResultHint (value: unknown): string | undefined {
  * `(c, next, options)`, and would read `options.statusCode` from nothing
  * on every denial.
  */
-export function honoHandlerHint (value: unknown): string | undefined {
-  if (typeof value !== 'function' || value.length < 3) return undefined
-  return `a handler of ${value.length} parameters is hono-rate-limiter's (c, next, options): tollgate calls handler(c, err), err a RateLimitError with status, message and retryAfter, the rate-limit headers already set on c, e.g. (c, err) => c.json({ message: err.message }, err.status) ${see('express-rate-limit')}`
+export function honoHandlerHint (handler: { readonly length: number }): string | undefined {
+  if (handler.length < 3) return undefined
+  return `a handler of ${handler.length} parameters is hono-rate-limiter's (c, next, options): tollgate calls handler(c, err), err a RateLimitError with status, message and retryAfter, the rate-limit headers already set on c, e.g. (c, err) => c.json({ message: err.message }, err.status) ${see('express-rate-limit')}`
 }
 
 /** Why a `headers` value that is no mode was given: express-rate-limit's header settings. */
