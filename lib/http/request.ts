@@ -165,10 +165,14 @@ function run<Req, T> (limit: RouteLimit<Req>, what: string, fn: RequestFn<Req, T
   try {
     out = fn(request)
   } catch (cause) {
-    throw refuse(limit, request, side, `\`${what}\` threw ${thrownPreview(cause)}`, true)
+    throw threw(limit, request, side, what, cause)
   }
-  if (out instanceof Promise) return out.catch((cause: unknown) => { throw refuse(limit, request, side, `\`${what}\` threw ${thrownPreview(cause)}`, true) })
+  if (out instanceof Promise) return out.catch((cause: unknown) => { throw threw(limit, request, side, what, cause) })
   return out
+}
+
+function threw<Req> (limit: RouteLimit<Req>, request: Req, side: RequestSide<Req>, what: string, cause: unknown): Error {
+  return refuse(limit, request, side, `\`${what}\` threw ${thrownPreview(cause)}`, true)
 }
 
 /**
