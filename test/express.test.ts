@@ -270,8 +270,9 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.match(err.decision, { allowed: false, bucket: 'GET /own' })
     })
 
-    t.test('key and cost: their failures are 500s naming the route; no store call', async (t) => {
-      const { limit, prefix } = limiter(t)
+    t.test('key and cost: their failures are generic 500s, the log line naming the route; no store call', async (t) => {
+      const logger = memoryLogger()
+      const { limit, prefix } = limiter(t, { logger })
       const app = express()
       app.get('/key-throws', limit({ key: () => { throw new Error('no user') } }), ok)
       app.get('/key-empty', limit({ key: async () => '' }), ok)
@@ -281,15 +282,16 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       app.use(((err, _req, res, _next) => { res.status(err.status).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
       const get = await listen(t, app)
       const expected: Array<[string, RegExp]> = [
-        ['/key-throws', /^Rate limit of GET \/key-throws: `key` threw: no user$/],
+        ['/key-throws', /^tollgate: rate limit of GET \/key-throws: `key` threw Error: no user \(at .*\); the check runs where the limiter is placed/],
         ['/key-empty', /`key` must return a non-empty string, got ""/],
         ['/cost-big', /`cost` must return a finite number > 0 and <= capacity \(100\), got 101/],
-        ['/cost-rejects', /`cost` threw: no body/]
+        ['/cost-rejects', /`cost` threw Error: no body/]
       ]
       for (const [path, message] of expected) {
         const a = await get(path)
         t.equal(a.status, 500, path)
-        t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message }, path)
+        t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: 'Rate limit check failed; the server log says why' }, path)
+        t.match(logger.lines.filter((l) => l.includes(`GET ${path}:`)), [message], `${path}: one line says why`)
       }
       t.same(await keysUnder(redis, prefix), [], 'no store call was made')
       t.equal((await get('/cost?n=40')).headers['ratelimit-remaining'], '60')

@@ -260,8 +260,9 @@ t.test('the app answers itself: a handler gets the RateLimitError after the head
   t.match(err.decision, { allowed: false, bucket: 'GET /own' })
 })
 
-t.test("key and cost: their failures are 500s naming the route, through Hono's onError; no store call", async (t) => {
-  const { limit, prefix } = limiter(t)
+t.test("key and cost: their failures are generic 500s, the log line naming the route, through Hono's onError; no store call", async (t) => {
+  const logger = memoryLogger()
+  const { limit, prefix } = limiter(t, { logger })
   const app = new Hono<RateLimitEnv>()
   errors(app)
   app.get('/key-throws', limit({ key: () => { throw new Error('no user') } }), ok)
@@ -271,15 +272,16 @@ t.test("key and cost: their failures are 500s naming the route, through Hono's o
   app.get('/cost', limit({ cost: async (c) => Number(c.req.query('n')) }), ok)
   const get = await listenHono(t, app)
   const expected: Array<[string, RegExp]> = [
-    ['/key-throws', /^Rate limit of GET \/key-throws: `key` threw: no user$/],
+    ['/key-throws', /^tollgate: rate limit of GET \/key-throws: `key` threw Error: no user \(at .*\); the check runs where the limiter is placed/],
     ['/key-empty', /`key` must return a non-empty string, got ""/],
     ['/cost-big', /`cost` must return a finite number > 0 and <= capacity \(100\), got 101/],
-    ['/cost-rejects', /`cost` threw: no body/]
+    ['/cost-rejects', /`cost` threw Error: no body/]
   ]
   for (const [path, message] of expected) {
     const a = await get(path)
     t.equal(a.status, 500, path)
-    t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message }, path)
+    t.match(JSON.parse(a.body), { code: 'TOLLGATE_BAD_INPUT', message: 'Rate limit check failed; the server log says why' }, path)
+    t.match(logger.lines.filter((l) => l.includes(`GET ${path}:`)), [message], `${path}: one line says why`)
   }
   t.same(await keysUnder(redis, prefix), [], 'no store call was made')
   t.equal((await get('/cost?n=40')).headers['ratelimit-remaining'], '60')

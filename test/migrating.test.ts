@@ -13,11 +13,15 @@
 
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import express from 'express'
 import Fastify from 'fastify'
+import { Hono } from 'hono'
 import t from 'tap'
 import tollgate, { createLimiter, type TollgateOptions } from '../lib/index.js'
 import { rateLimit, type ExpressOptions } from '../lib/express.js'
-import { memoryLogger } from './helpers/express.js'
+import { rateLimit as honoRateLimit, type HonoOptions } from '../lib/hono.js'
+import { listen, memoryLogger } from './helpers/express.js'
+import { listenHono } from './helpers/hono.js'
 import { ROOT } from './helpers/readme.js'
 
 type Adapter = 'fastify' | 'express' | 'core'
@@ -108,7 +112,7 @@ const PLACES: Place[] = [
   {
     label: 'limit()',
     adapter: 'express',
-    valid: ROUTE,
+    valid: [...ROUTE, 'handler'],
     error: async (name, value) => await caught(async () => {
       const limit = rateLimit({ ...base, logger: memoryLogger() })
       try {
@@ -160,7 +164,7 @@ const ELSEWHERE: Record<Adapter, { instance: string, policy: string }> = {
 }
 const INSTANCE_OF: Record<Adapter, readonly string[]> = {
   fastify: [...INSTANCE, 'global', 'notFound'],
-  express: [...INSTANCE, 'handler', 'logger'],
+  express: [...INSTANCE, 'logger'],
   core: ['redis', 'prefix', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'logger']
 }
 
@@ -201,7 +205,7 @@ const HINTS: Record<string, Hint> = {
   message: { value: 'Too many', from: ERL, ...ANSWER },
   statusCode: { value: 429, from: ERL, ...ANSWER },
   onLimitReached: { value: () => {}, from: ERL, ...ANSWER },
-  handler: { value: () => {}, from: ERL, ...ANSWER, validAt: ['rateLimit()'] },
+  handler: { value: () => {}, from: ERL, ...ANSWER, validAt: ['rateLimit()', 'limit()'] },
   passOnStoreError: { value: true, from: ERL, all: /use `failureMode`: 'open'; 'closed' answers 503 with Retry-After, 'local' falls back/ },
   skipSuccessfulRequests: { value: true, from: ERL, fastify: /use `settle`: \(request, reply\) => reply\.statusCode < 400 \? 0 : 1 \(charging by outcome/, express: /use `settle`: \(req, res\) => res\.statusCode < 400 \? 0 : 1/, core: /use reserve\(\) and settle\(\): settle with 0 when the successful request/ },
   skipFailedRequests: { value: true, from: ERL, fastify: /use `settle`: \(request, reply\) => reply\.statusCode >= 400 \? 0 : 1/, express: /use `settle`: \(req, res\) => res\.statusCode >= 400 \? 0 : 1/, core: /settle with 0 when the failed request/ },
@@ -381,6 +385,42 @@ t.test('the windowMs hint works out the bucket from the app\'s own windowMs and 
   }
   const core = await caught(async () => { await createLimiter({ windowMs: 60_000, max: 5 } as never).close() }) as Error
   t.match(core.message, /max: 5, windowMs: 60000 is capacity: 5, refillPerSecond: 5 \/ 60 \(0\.08333 a second\)/, 'the core too')
+})
+
+t.test("express-rate-limit's `limit` as a function of the request: its number is answered with the plan it should be, on its first call", async (t) => {
+  const expected = /`limit` must return \{ capacity, refillPerSecond \} or false, got 100: a number is what express-rate-limit's `limit` function returns \(requests per windowMs\): tollgate's returns the client's plan, e\.g\. \{ capacity: 100, refillPerSecond: 100 \/ 60 \} for 100 a minute, or false for no limit \(see "Migrating from express-rate-limit" in tollgate's README\)/
+  const logger = memoryLogger()
+  const limit = rateLimit({ ...base, limit: (() => 100) as never, logger, warnings: false })
+  t.teardown(() => limit.close())
+  const app = express()
+  app.use(limit)
+  app.get('/', (_req, res) => { res.send('handler ran') })
+  const a = await (await listen(t, app))('/')
+  t.equal(a.status, 500)
+  t.match(logger.lines.filter((l) => l.includes('rate limit of')), [expected], 'Express: the log line says what the number is')
+  const honoLogger = memoryLogger()
+  const honoLimit = honoRateLimit({ ...base, logger: honoLogger, warnings: false })
+  t.teardown(() => honoLimit.close())
+  const hono = new Hono()
+  hono.get('/', honoLimit({ limit: (() => 100) as never }), (c) => c.text('handler ran'))
+  t.equal((await (await listenHono(t, hono))('/')).status, 500)
+  t.match(honoLogger.lines.filter((l) => l.includes('rate limit of')), [expected], 'Hono: the same')
+})
+
+t.test("hono-rate-limiter's handler(c, next, options) is refused at start-up with the way over, in rateLimit() and in limit()", async (t) => {
+  const foreign = (c: { text: (body: string, status: number) => Response }, _next: unknown, options: { message: string, statusCode: number }): Response => c.text(options.message, options.statusCode)
+  const message = /^tollgate: `(limit\(\): )?handler` must be a function \(c, err\) => Response, got a function: a handler of 3 parameters is hono-rate-limiter's \(c, next, options\): tollgate calls handler\(c, err\), err a RateLimitError with status, message and retryAfter, the rate-limit headers already set on c, e\.g\. \(c, err\) => c\.json\(\{ message: err\.message \}, err\.status\) \(see "Migrating from express-rate-limit" in tollgate's README\)$/
+  t.throws(() => honoRateLimit({ ...base, handler: foreign as never } as HonoOptions), { code: 'TOLLGATE_INVALID_OPTION', message })
+  const limit = honoRateLimit({ ...base, logger: memoryLogger(), warnings: false })
+  t.teardown(() => limit.close())
+  const app = new Hono()
+  t.throws(() => app.get('/', limit({ capacity: 1, handler: foreign as never }), (c) => c.text('ok')), { code: 'TOLLGATE_INVALID_OPTION', message }, 'on the route, when it is declared')
+  // tollgate's own handler of (c, err) answers the denials.
+  app.get('/own', limit({ capacity: 1, handler: (c, err) => c.json({ message: err.message }, err.status) }), (c) => c.text('ok'))
+  const get = await listenHono(t, app)
+  await get('/own')
+  const denied = await get('/own')
+  t.same([denied.status, JSON.parse(denied.body)], [429, { message: 'Rate limit exceeded, retry in 1 second(s)' }])
 })
 
 t.test('nested options get no foreign hints: `local.max` is a typo, not @fastify/rate-limit', async (t) => {

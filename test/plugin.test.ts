@@ -167,10 +167,10 @@ t.test("hook 'preHandler' lets key and cost read the parsed body", async (t) => 
   t.same(await keys(), [`${prefix}:{alice}:POST /late`, `${prefix}:{bob}:POST /late`])
 
   // The same functions in onRequest run before the body is parsed: the key
-  // function throws on the missing body, which is a 500 naming the route.
+  // function throws on the missing body, which is a 500 (the log names the route).
   const early = await post('/early', { user: 'alice', weight: 1 })
   t.equal(early.statusCode, 500)
-  t.match(early.json(), { code: 'TOLLGATE_BAD_INPUT', message: /POST \/early.*`key` threw/ })
+  t.match(early.json(), { code: 'TOLLGATE_BAD_INPUT', message: 'Rate limit check failed; the server log says why' })
 })
 
 t.test('allow skips the limiter', async (t) => {

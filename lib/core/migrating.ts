@@ -30,7 +30,7 @@ const ORDER: Readonly<Record<Adapter, readonly Library[]>> = {
 }
 
 /** Options of an adapter (or of createLimiter) itself, never of a route or a policy. */
-const INSTANCE = new Set(['redis', 'prefix', 'ipv6Subnet', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'warnings', 'logger', 'handler', 'global', 'notFound'])
+const INSTANCE = new Set(['redis', 'prefix', 'ipv6Subnet', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'warnings', 'logger', 'global', 'notFound'])
 
 /** Where an option that is not valid here is set instead, per adapter. */
 const ELSEWHERE: Readonly<Record<Adapter, { instance: string, policy: string }>> = {
@@ -256,6 +256,26 @@ export function migrationHint (name: string, value: unknown, adapter: Adapter, k
 export function limitValueHint (value: unknown): string | undefined {
   if (typeof value !== 'number') return undefined
   return `a number is express-rate-limit's \`limit\` (requests per windowMs): use \`capacity\` (the burst) and \`refillPerSecond\` (limit / seconds of windowMs) ${see('express-rate-limit')}`
+}
+
+/**
+ * Why a `limit` function returned a number: express-rate-limit's `limit`
+ * may be a function of the request giving the count per window. Known
+ * only when it is called: both are functions of one request.
+ */
+export function limitResultHint (value: unknown): string | undefined {
+  if (typeof value !== 'number') return undefined
+  return `a number is what express-rate-limit's \`limit\` function returns (requests per windowMs): tollgate's returns the client's plan, e.g. { capacity: 100, refillPerSecond: 100 / 60 } for 100 a minute, or false for no limit ${see('express-rate-limit')}`
+}
+
+/**
+ * Why Hono's `handler` declares three parameters: hono-rate-limiter's is
+ * `(c, next, options)`, and would read `options.statusCode` from nothing
+ * on every denial.
+ */
+export function honoHandlerHint (handler: { readonly length: number }): string | undefined {
+  if (handler.length < 3) return undefined
+  return `a handler of ${handler.length} parameters is hono-rate-limiter's (c, next, options): tollgate calls handler(c, err), err a RateLimitError with status, message and retryAfter, the rate-limit headers already set on c, e.g. (c, err) => c.json({ message: err.message }, err.status) ${see('express-rate-limit')}`
 }
 
 /** Why a `headers` value that is no mode was given: express-rate-limit's header settings. */

@@ -23,9 +23,11 @@
 // follows whichever capacity each call sends, as in Fastify.
 
 import { optionError } from '../core/errors.js'
-import { isRecord } from '../core/options.js'
-import type { Adapter } from '../core/migrating.js'
+import { honoHandlerHint } from '../core/migrating.js'
+import { hinted, isFunction, isRecord, type AppFunction } from '../core/options.js'
+import { BAD_INPUT } from './request.js'
 import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, type Defaults, type Dialect, type RouteLimit } from './route.js'
+import type { Logger } from '../core/types.js'
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
@@ -45,9 +47,31 @@ export interface Routes<Req> {
   name(request: Req, route: object): string
 }
 
-/** The dialect of the middleware adapters: their options are set in rateLimit() or limit(). */
-export function middlewareDialect (adapter: Adapter): Dialect {
-  return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in rateLimit() or limit()', adapter }
+/**
+ * Where a middleware's check runs: where the app placed it. A function of
+ * the limit that reads what another middleware sets needs it placed after.
+ */
+const PLACEMENT = {
+  express: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads req.body, or a user that authentication sets, needs the limiter placed after express.json() and after that middleware',
+  hono: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads what a middleware sets (a user with c.get(), a validator\'s c.req.valid()) needs the limiter placed after that middleware'
+} as const
+
+/** Hono's `handler`: `(c, err)`; hono-rate-limiter's `(c, next, options)` is refused with the way over. */
+export function honoHandler (value: unknown, name: string): AppFunction {
+  const fn = isFunction(value, name)
+  const hint = honoHandlerHint(fn)
+  if (hint !== undefined) throw hinted(name, value, 'a function (c, err) => Response', hint)
+  return fn
+}
+
+/**
+ * The dialect of the middleware adapters: their options are set in
+ * rateLimit() or limit(), and a route may answer its denials with its own
+ * `handler` (one per route).
+ */
+export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
+  const checks = { ...POLICY_CHECKS, handler: adapter === 'hono' ? honoHandler : isFunction }
+  return { checks, wide: [...ROUTE_WIDE, 'handler'], hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter] }
 }
 
 /**
@@ -141,4 +165,12 @@ export function badInput (message: string): Error {
     statusCode: { value: 500, enumerable: true }
   })
   return err
+}
+
+/** The middleware adapters' `refuse` (lib/http/request.ts): the line through the instance's logger, then the 500 of BAD_INPUT. */
+export function refuser (log: Logger): (request: unknown, message: string) => Error {
+  return (_request, message) => {
+    log.error({ code: BAD_INPUT.code }, message)
+    return badInput(BAD_INPUT.message)
+  }
 }

@@ -22,7 +22,7 @@
 // request object; a synchronous result is used as it is, so the common
 // synchronous `key` costs no promise.
 
-import { describe, messageOf } from '../core/errors.js'
+import { preview, thrownPreview } from '../core/errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from '../core/keys.js'
 import type { Core } from '../core/limiter.js'
@@ -43,14 +43,27 @@ export interface RequestSide<Req> {
   onAddress?: ((request: Req) => void) | undefined
   /** Called once, for the first request without an address: it is keyed as NO_ADDRESS. */
   noAddress(): void
-  /** The error (a 500) of a `key` or `cost` function that threw or returned a bad value. */
+  /** The error of a route's `settle` that threw or returned a bad value, for its log line (the response is sent). */
   badInput(route: string, detail: string): Error
+  /**
+   * Logs why a `key`, `cost`, `allow` or `limit` function failed (`message`,
+   * bounded), once, at error level, and returns the error the request fails
+   * with: the 500 of BAD_INPUT, which says nothing of it.
+   */
+  refuse(request: Req, message: string): Error
   /** Logs a route's `settle` that failed (the response is sent: no answer can carry it). */
   settleFailed(request: Req, err: Error): void
 }
 
 /** The bodies' fields of a denial; `message` has `%s` for the seconds. */
 export const RATE_LIMITED = { statusCode: 429, code: 'TOLLGATE_RATE_LIMITED', error: 'Too Many Requests', message: 'Rate limit exceeded, retry in %s second(s)' } as const
+/**
+ * The 500 of a `key`, `cost`, `allow` or `limit` function that threw or
+ * returned a bad value. It names nothing of the failure: the value came
+ * from the request or the app (`key: (req) => req.user` returns the user
+ * record), so only the log line says what it was (previewed, bounded).
+ */
+export const BAD_INPUT = { statusCode: 500, code: 'TOLLGATE_BAD_INPUT', error: 'Internal Server Error', message: 'Rate limit check failed; the server log says why' } as const
 export const UNAVAILABLE = { statusCode: 503, code: 'TOLLGATE_UNAVAILABLE', error: 'Service Unavailable', message: 'Rate limiter unavailable, retry in %s second(s)' } as const
 
 /** A request the limiter refuses: the answer, as data. */
@@ -97,12 +110,12 @@ export class RequestLayer<Req extends object> {
       let value = run(limit, 'key', limit.key, request, this.#side)
       if (value instanceof Promise) value = await value
       if (typeof value !== 'string' || value.length === 0) {
-        throw this.#side.badInput(limit.name, `\`key\` must return a non-empty string, got ${describe(value)}`)
+        throw refuse(limit, request, this.#side, `\`key\` must return a non-empty string, got ${preview(value)}`, value === undefined)
       }
       client = value
     }
     if (limit.tiers !== undefined) {
-      const chosen = await limit.tiers.resolve(limit, request, this.#side.badInput)
+      const chosen = await limit.tiers.resolve(limit, request, (detail, hinted) => refuse(limit, request, this.#side, detail, hinted))
       if (chosen === null) return undefined
       limit = chosen
     }
@@ -115,7 +128,7 @@ export class RequestLayer<Req extends object> {
       let value: unknown = run(limit, 'cost', fn, request, this.#side)
       if (value instanceof Promise) value = await value
       if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > maxCost(policy)) {
-        throw this.#side.badInput(limit.name, `\`cost\` must return a finite number > 0 and <= ${costBound(policy)}, got ${describe(value)}`)
+        throw refuse(limit, request, this.#side, `\`cost\` must return a finite number > 0 and <= ${costBound(policy)}, got ${preview(value)}`, value === undefined)
       }
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
@@ -144,24 +157,34 @@ export class RequestLayer<Req extends object> {
 }
 
 /**
- * Runs a function of the app; its failure becomes the adapter's 500 naming
- * the route. A synchronous result is returned as it is.
+ * Runs a function of the app; its failure is logged and becomes the
+ * adapter's 500 (refuse). A synchronous result is returned as it is.
  */
 function run<Req, T> (limit: RouteLimit<Req>, what: string, fn: RequestFn<Req, T>, request: Req, side: RequestSide<Req>): T | Promise<T> {
   let out: T | Promise<T>
   try {
     out = fn(request)
   } catch (cause) {
-    throw failed(limit, what, cause, side)
+    throw threw(limit, request, side, what, cause)
   }
-  if (out instanceof Promise) return out.catch((cause: unknown) => { throw failed(limit, what, cause, side) })
+  if (out instanceof Promise) return out.catch((cause: unknown) => { throw threw(limit, request, side, what, cause) })
   return out
 }
 
-function failed<Req> (limit: RouteLimit<Req>, what: string, cause: unknown, side: RequestSide<Req>): Error {
-  const err = side.badInput(limit.name, `\`${what}\` threw: ${messageOf(cause)}`)
-  err.cause = cause
-  return err
+function threw<Req> (limit: RouteLimit<Req>, request: Req, side: RequestSide<Req>, what: string, cause: unknown): Error {
+  return refuse(limit, request, side, `\`${what}\` threw ${thrownPreview(cause)}`, true)
+}
+
+/**
+ * The log line of a function of the app that failed, and the request's 500.
+ * `hinted`: it threw or returned nothing, the usual sign of a check that
+ * runs before what it reads is there (the body, an authenticated user), so
+ * the line says where the check runs and what to change (the route's
+ * `placement`). The cause is in the line once, previewed: no error object
+ * (whose message and stack would repeat it) is logged with it.
+ */
+function refuse<Req> (limit: RouteLimit<Req>, request: Req, side: RequestSide<Req>, detail: string, hinted: boolean): Error {
+  return side.refuse(request, `tollgate: rate limit of ${limit.name}: ${detail}${hinted ? `; ${limit.placement}` : ''}`)
 }
 
 /**

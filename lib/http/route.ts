@@ -66,9 +66,17 @@ export interface Dialect {
   hint: string
   /** Whose users write the route's policies, for the hints of other libraries' names (lib/core/migrating.ts). */
   adapter: Adapter
+  /** Where the check runs, and what to change when a function of the app finds the request without what it reads (RouteLimit's). */
+  placement: string
 }
 
-export const BASE_DIALECT: Dialect = { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it on the plugin or the route', adapter: 'fastify' }
+export const BASE_DIALECT: Dialect = {
+  checks: POLICY_CHECKS,
+  wide: ROUTE_WIDE,
+  hint: 'set it on the plugin or the route',
+  adapter: 'fastify',
+  placement: 'the check runs before the route\'s handler'
+}
 
 /** A function of the request, as the app wrote it; its result is checked per request. */
 export type RequestFn<Req, T> = (request: Req) => T | Promise<T>
@@ -93,6 +101,18 @@ export interface RouteLimit<Req> {
   settle: SettleFunction<Req, never> | undefined
   /** The route's policies as parsed, where an adapter reads its own settings (routeWide). */
   fields: readonly RouteFields[]
+  /**
+   * Where the check runs, and what to change when `key` or `cost` finds the
+   * request without what it reads (the body, a user set by authentication):
+   * the adapter's words, in the log line of a function that threw.
+   */
+  placement: string
+  /**
+   * The route's own answer to a denial, over the options' (the `handler` of
+   * tollgate/express and tollgate/hono; the Fastify plugin has none: its
+   * routes answer through Fastify's error handler). Typed by the adapter.
+   */
+  handler: AppFunction | undefined
 }
 
 /**
@@ -144,7 +164,9 @@ export function compileRoute<Req> (
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
     settle,
-    fields: entries
+    fields: entries,
+    placement: dialect.placement,
+    handler: appFunction(routeWide(entries, defaults, 'handler'))
   }
 }
 
@@ -157,6 +179,11 @@ export function compileRoute<Req> (
  */
 function declared<F> (fn: AppFunction | number | undefined): F | undefined {
   return typeof fn === 'function' ? fn as F : undefined
+}
+
+/** A setting of an adapter's own (parsed by its dialect as a function), or undefined. */
+function appFunction (value: unknown): AppFunction | undefined {
+  return typeof value === 'function' ? value as AppFunction : undefined
 }
 
 /** A route-wide setting: from the route's policies (parsed), else the adapter's options. */

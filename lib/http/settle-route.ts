@@ -12,7 +12,7 @@
 // bug of the app) and the reservation stands; a store that fails is
 // logged by the limiter and counted in `failedSettlements`.
 
-import { describe, messageOf, optionError } from '../core/errors.js'
+import { optionError, preview, thrownPreview } from '../core/errors.js'
 import type { Core } from '../core/limiter.js'
 import { unsettled } from '../core/policy.js'
 import type { Decision, Limiter, Policy } from '../core/types.js'
@@ -78,13 +78,12 @@ export async function settleResponse<Q, P> (limiter: Limiter, pending: Pending, 
   try {
     actual = await (pending.settle as SettleFunction<Q, P>)(request, reply)
   } catch (cause) {
-    const err = side.badInput(pending.name, `\`settle\` threw: ${messageOf(cause)}`)
-    err.cause = cause
-    side.settleFailed(request, err)
+    // The cause previewed in the message, never attached: a log line would repeat it (lib/core/errors.ts).
+    side.settleFailed(request, side.badInput(pending.name, `\`settle\` threw ${thrownPreview(cause)}`))
     return
   }
   if (typeof actual !== 'number' || !Number.isFinite(actual) || actual < 0) {
-    side.settleFailed(request, side.badInput(pending.name, `\`settle\` must return a finite number >= 0, got ${describe(actual)}`))
+    side.settleFailed(request, side.badInput(pending.name, `\`settle\` must return a finite number >= 0, got ${preview(actual)}`))
     return
   }
   // A store failure is logged and counted by the limiter.

@@ -21,11 +21,13 @@
 // (and its headers) kept in a WeakMap, so a looked-up policy costs one map
 // read per request; an app returning a fresh object per request pays the
 // validation each time. A bad value is a 500 TOLLGATE_BAD_INPUT before any
-// store call, as for `key` and `cost` (the adapter's error, through `bad`).
+// store call, as for `key` and `cost` (logged, and the adapter's error,
+// through `bad`).
 
-import { describe, messageOf } from '../core/errors.js'
+import { PREVIEW_CHARS, clip, messageOf, preview, thrownPreview } from '../core/errors.js'
 import { PolicyHeaders, type HeaderMode } from './headers.js'
 import { parsePolicy } from '../core/policy.js'
+import { limitResultHint } from '../core/migrating.js'
 import { isRecord, parseFields, positiveNumber } from '../core/options.js'
 import type { Policy } from '../core/types.js'
 
@@ -46,8 +48,12 @@ export interface Limited {
   policyHeaders: PolicyHeaders
 }
 
-/** The adapter's error (a 500 TOLLGATE_BAD_INPUT) for a route's bad input. */
-export type BadInput = (route: string, detail: string) => Error
+/**
+ * Logs a route's bad plan (`detail`; `hinted` when `limit` threw or returned
+ * nothing: the line then says where the check runs) and returns the
+ * adapter's 500 TOLLGATE_BAD_INPUT.
+ */
+export type BadInput = (detail: string, hinted: boolean) => Error
 
 /** Marks a policy without a `limit` function. */
 const OWN = Symbol('tollgate.own')
@@ -77,7 +83,7 @@ export class Tiers<R, L extends Limited> {
   /** The route's limit for this request's plans; null when every policy returned false. */
   async resolve (limit: L, request: R, bad: BadInput): Promise<L | null> {
     const tiers: unknown[] = []
-    for (const fn of this.#fns) tiers.push(fn === undefined ? OWN : await call(limit.name, fn, request, bad))
+    for (const fn of this.#fns) tiers.push(fn === undefined ? OWN : await call(fn, request, bad))
     const only = tiers[0]
     if (tiers.length === 1 && isRecord(only)) {
       const known = this.#limits.get(only)
@@ -89,7 +95,7 @@ export class Tiers<R, L extends Limited> {
       const base = limit.policies[i]
       // One tier per policy: `base` is always there.
       if (tier === false || base === undefined) continue
-      policies.push(tier === OWN ? base : this.#policy(limit.name, i, base, tier, bad))
+      policies.push(tier === OWN ? base : this.#policy(i, base, tier, bad))
     }
     if (policies.length === 0) return null
     const shown = policies.filter((p) => p.shadow !== true)
@@ -102,7 +108,7 @@ export class Tiers<R, L extends Limited> {
   }
 
   /** Policy i under `tier`, validated once per returned object. */
-  #policy (name: string, i: number, base: Policy, tier: unknown, bad: BadInput): Policy {
+  #policy (i: number, base: Policy, tier: unknown, bad: BadInput): Policy {
     // One cache per policy, made with #fns: `cache` is always there.
     const cache = this.#policies[i]
     let known = isRecord(tier) ? cache?.get(tier) : undefined
@@ -110,31 +116,33 @@ export class Tiers<R, L extends Limited> {
       known = merge(base, tier)
       if (isRecord(tier)) cache?.set(tier, known)
     }
-    if (typeof known === 'string') throw bad(name, known)
+    if (typeof known === 'string') throw bad(known, tier === undefined)
     return known
   }
 }
 
-async function call<R> (name: string, fn: LimitFunction<R>, request: R, bad: BadInput): Promise<unknown> {
+async function call<R> (fn: LimitFunction<R>, request: R, bad: BadInput): Promise<unknown> {
   try {
     return await fn(request)
   } catch (cause) {
-    const err = bad(name, `\`limit\` threw: ${messageOf(cause)}`)
-    err.cause = cause
-    throw err
+    throw bad(`\`limit\` threw ${thrownPreview(cause)}`, true)
   }
 }
 
 /** The policy under a plan, or why the plan is bad. */
 function merge (base: Policy, tier: unknown): Policy | string {
-  const bad = `\`limit\` must return { capacity, refillPerSecond } or false, got ${describe(tier)}`
-  if (!isRecord(tier)) return bad
+  const bad = `\`limit\` must return { capacity, refillPerSecond } or false, got ${preview(tier)}`
+  if (!isRecord(tier)) {
+    const hint = limitResultHint(tier)
+    return hint === undefined ? bad : `${bad}: ${hint}`
+  }
   try {
     const { capacity, refillPerSecond } = parseFields(tier, TIER_CHECKS, 'limit().', { capacity: NUMBER, refillPerSecond: NUMBER })
     const policy = parsePolicy({ ...base, capacity, refillPerSecond }, 'limit().')
     if (policy.capacity < 1 && policy.cost === undefined && policy.shadow !== true) return `${bad}: a capacity of at least the route's cost (1)`
     return policy
   } catch (err) {
-    return `${bad}: ${messageOf(err).replace(/^tollgate: /, '')}`
+    // The option error may list every unknown name of the object: cut short.
+    return `${bad}: ${clip(messageOf(err).replace(/^tollgate: /, ''), PREVIEW_CHARS * 2)}`
   }
 }

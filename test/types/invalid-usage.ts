@@ -152,6 +152,10 @@ export async function invalidExpressUsage (req: Request): Promise<void> {
   limit(req)
   // @ts-expect-error a programmatic policy takes no key
   await limit.consume('alice', { bucket: 'login', key: () => 'x' })
+  // @ts-expect-error nor a handler: its caller answers
+  await limit.consume('alice', { bucket: 'login', handler: () => {} })
+  // @ts-expect-error a route's handler is a function
+  limit({ handler: 'send 429' })
   // @ts-expect-error req.rateLimit is a Decision
   const remaining: number | undefined = req.rateLimit
   void remaining

@@ -200,6 +200,7 @@ export async function expressUsage (): Promise<void> {
     res.json({ remaining: decision?.remaining })
   })
   app.get('/users/:id', limit(), (_req, res) => { res.end() })
+  app.get('/own-answer', limit({ capacity: 5, handler: (_req, res, _next, err) => { res.status(err.status).json({ retryAfter: err.retryAfter }) } }), (_req, res) => { res.end() })
   app.post('/pay', limit([{ capacity: 5, refillPerSecond: 1 }, { capacity: 100, refillPerSecond: 100 / 3600, failureMode: 'closed' }]), (_req, res) => { res.end() })
   const costly: ExpressPolicy = { cost: async (req) => Number(req.query.n), allow: (req) => req.path === '/health', headers: 'draft-10' }
   app.get('/costly', limit(costly), (_req, res) => { res.end() })

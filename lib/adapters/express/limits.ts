@@ -12,9 +12,9 @@
 import type { Request } from 'express'
 import type { RoutePatterns } from './routes.js'
 import { routeName, type Defaults, type RouteLimit } from '../../http/route.js'
-import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, registry as limits, type LimitOf as Of, type Routes } from '../../http/registry.js'
+import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, refuser, registry as limits, type LimitOf as Of, type Routes } from '../../http/registry.js'
 
-export { APP_BUCKET, MAX_NAMES, badInput }
+export { APP_BUCKET, MAX_NAMES, badInput, refuser }
 
 /** How a request finds its compiled limit. */
 export type LimitOf = Of<Request>

@@ -49,7 +49,7 @@
 import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from '../../core/errors.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
-import { APP_BUCKET, MAX_NAMES, badInput, registry, type LimitOf } from './limits.js'
+import { APP_BUCKET, MAX_NAMES, badInput, registry, refuser, type LimitOf } from './limits.js'
 import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
@@ -113,6 +113,8 @@ export interface ExpressPolicy {
   lockout?: Lockout | undefined
   /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
   maxWaitMs?: number | undefined
+  /** Answers this limit's denied requests (default: the options' `handler`, else tollgate sends the 429 or 503 JSON body). One per route. */
+  handler?: DeniedHandler | undefined
 }
 
 /**
@@ -146,8 +148,6 @@ export interface ExpressOptions extends ExpressPolicy {
   metrics?: MetricsOptions | undefined
   /** Most requests waiting for reserved tokens at once in this process (default 1000); past it, they do not wait. */
   maxWaiters?: number | undefined
-  /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
-  handler?: DeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
   logger?: Logger | undefined
   /**
@@ -161,7 +161,7 @@ export interface ExpressOptions extends ExpressPolicy {
 }
 
 /** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
-export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle'> {
+export interface ExpressProgrammaticPolicy extends Omit<ExpressPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle' | 'handler'> {
   bucket: string
   cost?: number | undefined
 }
@@ -200,13 +200,14 @@ export function rateLimit (options: ExpressOptions): RateLimit {
     onAddress: proxy,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Express's 'trust proxy' so that req.ip is the client's address; otherwise give a \`key\` function`) },
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    refuse: refuser(log),
     settleFailed: (_req, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const patterns = new RoutePatterns((pattern) => {
     log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
   })
   const { compile, appWide } = registry(defaults, patterns)
-  const checks = checker(layer, ready, denier(options.handler))
+  const checks = checker(layer, ready)
   const limit = limitFunction(compile, appWide, checks.middleware)
   return Object.assign(limit, programmatic<ExpressProgrammaticPolicy>(core, defaults, 'express', ready, checks.closing))
 }
@@ -218,7 +219,7 @@ type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) =>
  * request's limit: the start-up wait, the decision, the answer, and the
  * drop of a request already answered (see the top of this file).
  */
-function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
+function checker (layer: RequestLayer<Request>, ready: Promise<void>): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
   const starting = startGate(ready)
   let closing = false
   function middleware (limitOf: LimitOf): RequestHandler {
@@ -255,7 +256,8 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>, deny: Deny
     req.rateLimit = decision
     const denial = answer(decided.limit, decision, res, setHeader)
     if (denial === undefined) return next()
-    deny(req, res, next, denial, decision)
+    // The route's `handler`, or the options': a function, as parsed (lib/http/registry.ts).
+    deny(req, res, next, denial, decision, decided.limit.handler as DeniedHandler | undefined)
   }
   function settleWhenFinished (pending: Pending, req: Request, res: Response): void {
     const settle = (): void => { void layer.settle(pending, req, res) }
@@ -302,24 +304,20 @@ function setHeader (res: Response, name: string, value: HeaderValue): void {
   res.setHeader(name, value)
 }
 
-type Deny = (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision) => void
-
 /** Sends a denial: to the app's handler, else as the JSON body Fastify sends. */
-function denier (handler: DeniedHandler | undefined): Deny {
-  return function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision): void {
-    if (handler !== undefined) {
-      try {
-        const done: unknown = handler(req, res, next, new RateLimitError(denial, decision))
-        if (done instanceof Promise) done.catch(next)
-      } catch (err) {
-        next(err)
-      }
-      return
+function deny (req: Request, res: Response, next: NextFunction, denial: Denial, decision: Decision, handler: DeniedHandler | undefined): void {
+  if (handler !== undefined) {
+    try {
+      const done: unknown = handler(req, res, next, new RateLimitError(denial, decision))
+      if (done instanceof Promise) done.catch(next)
+    } catch (err) {
+      next(err)
     }
-    res.statusCode = denial.statusCode
-    res.setHeader('content-type', 'application/json; charset=utf-8')
-    res.end(denialBody(denial))
+    return
   }
+  res.statusCode = denial.statusCode
+  res.setHeader('content-type', 'application/json; charset=utf-8')
+  res.end(denialBody(denial))
 }
 
 /**

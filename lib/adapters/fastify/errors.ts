@@ -1,5 +1,5 @@
 import createError from '@fastify/error'
-import { RATE_LIMITED, UNAVAILABLE } from '../../http/request.js'
+import { BAD_INPUT, RATE_LIMITED, UNAVAILABLE } from '../../http/request.js'
 
 // The 429 and the 503 are answers, not bugs: they skip the second stack
 // capture of @fastify/error, which a flood of denied requests would pay for
@@ -23,9 +23,13 @@ export const UnavailableError = createError(
   false
 )
 
-/** 500: the route's `key` or `cost` function failed; no store call was made. */
+/**
+ * 500: the route's `key`, `cost`, `allow` or `limit` function failed; no
+ * store call was made. Its message says nothing of the failure (the log
+ * line does: lib/http/request.ts).
+ */
 export const BadRequestInputError = createError(
-  'TOLLGATE_BAD_INPUT',
-  'Rate limit of %s: %s',
-  500
+  BAD_INPUT.code,
+  BAD_INPUT.message,
+  BAD_INPUT.statusCode
 )

@@ -33,12 +33,13 @@ import { BadRequestInputError, RateLimitedError, UnavailableError } from './erro
 import {
   HOOKS, parseFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
 } from '../../core/options.js'
-import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
+import { BAD_INPUT, NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
 import {
   BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, programmaticPolicies, routeName, routeWide,
   type Defaults, type Dialect, type NamedPolicy, type RouteLimit
 } from '../../http/route.js'
+import { badInput } from '../../http/registry.js'
 import { RESERVATION, takeReservation } from '../../http/settle-route.js'
 import type { TollgateDecorator, TollgateOptions } from './types.js'
 import type { Limiter, Policy } from '../../core/types.js'
@@ -56,12 +57,23 @@ const NOT_FOUND = '404'
 
 const hookOption = oneOf(HOOKS)
 
+/**
+ * Where the check runs, per hook, for the log line of a `key` or `cost`
+ * that threw: in onRequest, Fastify has not parsed the body yet, and an
+ * authentication hook of preValidation or preHandler has not run.
+ */
+const PLACEMENT: Readonly<Record<Hook, string>> = {
+  onRequest: "the check runs in Fastify's onRequest hook, before the body is parsed and before the preValidation and preHandler hooks: a `key` or `cost` that reads request.body, or a user that an authentication hook sets there, needs `hook: 'preHandler'` (in the route's config.rateLimit or the plugin's options)",
+  preHandler: "the check runs in Fastify's preHandler hook, after the body is parsed and after the app's own hooks of the route"
+}
+
 /** Fastify's route settings: the common ones, and where the check runs. */
 const FASTIFY: Dialect = {
   checks: { ...POLICY_CHECKS, hook: hookOption },
   wide: [...ROUTE_WIDE, 'hook'],
   hint: BASE_DIALECT.hint,
-  adapter: 'fastify'
+  adapter: 'fastify',
+  placement: PLACEMENT.onRequest
 }
 
 const PLUGIN_CHECKS = {
@@ -122,7 +134,11 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     ip: (request) => request.ip,
     onAddress: onIp,
     noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
-    badInput: (route, detail) => new BadRequestInputError(route, detail),
+    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    refuse: (request, message) => {
+      request.log.error({ code: BAD_INPUT.code }, message)
+      return new BadRequestInputError()
+    },
     settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const check = checker(layer, options.unavailable === 'throw')
@@ -240,7 +256,8 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
 /** A route's limit for Fastify: the common one, with its hook. */
 function compileFastify (name: string, config: unknown, defaults: Defaults, where?: string, listWhere?: string): FastifyLimit {
   const limit = compileRoute<FastifyRequest>(name, config, defaults, FASTIFY, where, listWhere)
-  return { ...limit, hook: hookOption(routeWide(limit.fields, defaults, 'hook') ?? 'onRequest', 'hook') }
+  const hook = hookOption(routeWide(limit.fields, defaults, 'hook') ?? 'onRequest', 'hook')
+  return { ...limit, hook, placement: PLACEMENT[hook] }
 }
 
 /**

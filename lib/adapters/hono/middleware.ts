@@ -45,11 +45,11 @@ import { getConnInfo } from '@hono/node-server/conninfo'
 import type { Context, MiddlewareHandler, Next } from 'hono'
 import { matchedRoutes } from 'hono/route'
 import { optionError } from '../../core/errors.js'
-import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
+import { parseFields, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { clientAddress, compileTrust, trustProxyOption, trustsAll, type Trust, type TrustProxy } from '../../http/proxy.js'
-import { APP_BUCKET, MAX_NAMES, badInput, middlewareDialect, registry, type LimitOf, type Routes } from '../../http/registry.js'
+import { APP_BUCKET, MAX_NAMES, badInput, honoHandler, middlewareDialect, refuser, registry, type LimitOf, type Routes } from '../../http/registry.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
 import { POLICY_CHECKS, checkDefaults, routeName, type Defaults, type RouteLimit } from '../../http/route.js'
 import { STORE_CHECKS, adapterCore } from '../../http/setup.js'
@@ -121,6 +121,8 @@ export interface HonoPolicy {
   lockout?: Lockout | undefined
   /** Wait up to this many ms for the tokens (reserved at once) instead of a 429. Single-policy limits only. */
   maxWaitMs?: number | undefined
+  /** Answers this limit's denied requests (default: the options' `handler`, else tollgate sends the 429 or 503 JSON body). One per route. */
+  handler?: HonoDeniedHandler | undefined
 }
 
 /**
@@ -160,8 +162,6 @@ export interface HonoOptions extends HonoPolicy {
    * (docs/guides/proxies.md, docs/guides/hono.md "How it maps onto Express's").
    */
   trustProxy?: TrustProxy | undefined
-  /** Answers denied requests (default: tollgate sends the 429 or 503 JSON body). */
-  handler?: HonoDeniedHandler | undefined
   /** Where warnings and store state changes go (default: the console). */
   logger?: Logger | undefined
   /**
@@ -175,7 +175,7 @@ export interface HonoOptions extends HonoPolicy {
 }
 
 /** A policy of `limit.consume` / `peek`: it names its bucket; its cost is a number. */
-export interface HonoProgrammaticPolicy extends Omit<HonoPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle'> {
+export interface HonoProgrammaticPolicy extends Omit<HonoPolicy, 'cost' | 'key' | 'allow' | 'headers' | 'limit' | 'settle' | 'handler'> {
   bucket: string
   cost?: number | undefined
 }
@@ -188,7 +188,7 @@ export interface RateLimit extends Programmatic<HonoProgrammaticPolicy> {
   (c: Context, next: Next): Promise<Response | undefined>
 }
 
-const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, trustProxy: trustProxyOption, handler: isFunction, logger, warnings, outageSummaryMs }
+const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, trustProxy: trustProxyOption, handler: honoHandler, logger, warnings, outageSummaryMs }
 
 /**
  * The route a middleware is declared on, as Hono matched it: Hono gives
@@ -225,10 +225,11 @@ export function rateLimit (options: HonoOptions): RateLimit {
     onAddress: trust === undefined && warningOn(options.warnings, 'proxy') ? forwardingWarning(log) : undefined,
     noAddress: () => { log.warn({}, `tollgate: a request came with no client address (off @hono/node-server, or on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set \`trustProxy\` so that the proxy's X-Forwarded-For is read; otherwise give a \`key\` function`) },
     badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
+    refuse: refuser(log),
     settleFailed: (_c, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
   const { compile, appWide } = registry(defaults, ROUTES, middlewareDialect('hono'))
-  const checks = checker(layer, ready, options.handler)
+  const checks = checker(layer, ready)
   const limit = limitFunction(compile, appWide, checks.middleware)
   return Object.assign(limit, programmatic<HonoProgrammaticPolicy>(core, defaults, 'hono', ready, checks.closing))
 }
@@ -236,7 +237,7 @@ export function rateLimit (options: HonoOptions): RateLimit {
 type RateLimitFunction = ((policy?: HonoPolicy | readonly HonoPolicy[]) => MiddlewareHandler<RateLimitEnv>) & ((c: Context, next: Next) => Promise<Response | undefined>)
 
 /** The middleware of one `rateLimit()` instance for a way of finding a request's limit. */
-function checker (layer: RequestLayer<Context>, ready: Promise<void>, handler: HonoDeniedHandler | undefined): {
+function checker (layer: RequestLayer<Context>, ready: Promise<void>): {
   middleware: (limitOf: LimitOf<Context>) => MiddlewareHandler<RateLimitEnv>
   closing: () => void
 } {
@@ -255,7 +256,8 @@ function checker (layer: RequestLayer<Context>, ready: Promise<void>, handler: H
       c.set('rateLimit', decision)
       written = undefined
       const denial = answer(decided.limit, decision, c, setHeader)
-      if (denial !== undefined) return await deny(c, denial, decision, handler)
+      // The route's `handler`, or the options': a function of (c, err), as parsed (honoHandler).
+      if (denial !== undefined) return await deny(c, denial, decision, decided.limit.handler as HonoDeniedHandler | undefined)
       const shown = written
       return await pass(c, next, pending, shown === undefined ? undefined : () => { reapply(c, decided, shown) })
     }
