@@ -5,6 +5,8 @@ import t from 'tap'
 import { clientId, ipIdentity } from '../../lib/core/keys.js'
 import { checkPolicy } from '../../lib/core/policy.js'
 import { PolicyHeaders, headerMode, headerPairs } from '../../lib/http/headers.js'
+import { MAX_OWNED, bucketOwner } from '../../lib/http/sharing.js'
+import type { RouteLimit } from '../../lib/http/route.js'
 import type { Decision } from '../../lib/core/types.js'
 
 const policies = new PolicyHeaders([{ bucket: 'api', capacity: 10, refillPerSecond: 1 }], [{ bucket: 'api', capacity: 2, refillPerSecond: 1 }])
@@ -49,4 +51,28 @@ t.test('a route\'s timeout is bounded as the core\'s is, on both adapters\' opti
   const limit = rateLimit({ capacity: 1, refillPerSecond: 1, failureMode: 'open', timeout: 60_000, logger: quiet })
   t.throws(() => limit({ timeout: 1e12 }), { code: 'TOLLGATE_INVALID_OPTION', message: /timeout` must be at most 60000/ })
   await limit.close()
+})
+
+t.test('buckets of several instances: the table is capped, and close() withdraws an instance\'s names', async (t) => {
+  const lines: string[] = []
+  const log = { warn: (_o: object, msg: string) => { lines.push(msg) }, info: () => {}, error: () => {} }
+  const limit = (bucket: string, capacity: number): RouteLimit<never> => ({ name: bucket, policies: [{ bucket, capacity, refillPerSecond: 1 }] }) as unknown as RouteLimit<never>
+  const filler = bucketOwner('cap', log)
+  for (let i = 0; i < MAX_OWNED; i++) filler.claim(limit(`b${i}`, 1))
+  const a = bucketOwner('cap', log)
+  const b = bucketOwner('cap', log)
+  a.claim(limit('past-the-cap', 1))
+  b.claim(limit('past-the-cap', 2))
+  t.same(lines, [], `past ${MAX_OWNED} names, a new name is not checked`)
+  filler.release()
+  a.claim(limit('b0', 1))
+  a.claim(limit('b0', 1))
+  b.claim(limit('b0', 2))
+  b.claim(limit('b0', 3))
+  t.equal(lines.length, 1, 'one warning per bucket name, however many policies follow')
+  a.release()
+  b.release()
+  a.claim(limit('b0', 1))
+  t.equal(lines.length, 1, 'released names are free again')
+  a.release()
 })
