@@ -176,6 +176,20 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.match(logger.lines[0], /no router of the app holds the route \/h\/:id .*give its limit a `bucket`/)
     })
 
+    t.test('a middleware mounted in a router the app does not hold: named as the whole app, one warning', async (t) => {
+      const { limit, prefix, logger } = limiter(t)
+      const app = express()
+      const hidden = express.Router()
+      hidden.use(limit)
+      hidden.get('/h', ok)
+      app.use('/outer', (req, res, next) => { hidden(req, res, next) })
+      const get = await listen(t, app)
+      t.same(await statuses(get, ['/outer/h', '/outer/h']), { 200: 2 })
+      t.same(await names(prefix), ['app'])
+      t.equal(logger.lines.length, 1)
+      t.match(logger.lines[0], /no router of the app holds the route \/\* .*give its limit a `bucket`/)
+    })
+
     t.test(`the name cap is reached by declarations only: ${MAX_NAMES} routes, then a 500 asking for a bucket`, async (t) => {
       const { limit } = limiter(t)
       const app = express()

@@ -5,22 +5,29 @@
 //
 // Buckets. A policy that names its `bucket` (or whose options name one) is
 // compiled once, when `limit()` is called. Otherwise the bucket is named
-// after the route the middleware is declared on (`GET /users/:id`), found
-// by the adapter from the framework's own record of the declaration, never
-// from the URL, and kept per route object and method, so that a request
-// after the first one of its route costs two map reads. A client can make
-// no new name: the names of one middleware are its routes times the
-// methods they serve (only methods Node's HTTP parser knows), and past
-// MAX_NAMES, a declaration's matter, it refuses (a 500 asking for a
-// `bucket`). The app-wide middleware (`app.use(limit)`) is the options' own
-// policy, named APP_BUCKET unless the options name a `bucket`.
+// after where the middleware is declared, found by the adapter from the
+// framework's own record of the declaration, never from the URL: in a
+// route, `<METHOD> <route pattern>` (`GET /users/:id`), `ALL <pattern>`
+// for a route declared for every method (`app.all`: one route, one bucket,
+// so that a client gains nothing by varying the method); mounted outside a
+// route (`app.use('/api', ...)`), `ALL /api/*`; mounted on the whole app,
+// APP_BUCKET. `limit` used as a middleware itself is `limit()`, named the
+// same way: so separate instances declared at separate places never share
+// a bucket (express-rate-limit's pattern of one limiter on `/api` and
+// another on one route). A name is kept per route object (or middleware)
+// and method, so that a request after the first one of its route costs two
+// map reads. A client can make no new name: the names of one middleware are
+// its declarations times the methods they serve (only methods Node's HTTP
+// parser knows), and past MAX_NAMES, a declaration's matter, it refuses (a
+// 500 asking for a `bucket`).
 //
 // One bucket, one policy: every policy an instance compiles is registered
 // by bucket name, and a second policy with the same bucket but another
 // capacity or rate is refused, at `limit()` time when the bucket is named
-// there, else on the first request (a 500 naming both). Two instances, or
-// another adapter, naming the same bucket are not seen: the bucket then
-// follows whichever capacity each call sends, as in Fastify.
+// there, else on the first request (a 500 naming both). Two instances
+// naming one bucket are told apart in lib/http/sharing.ts (a warning);
+// another adapter's are not seen: the bucket then follows whichever
+// capacity each call sends, as in Fastify.
 
 import { optionError } from '../core/errors.js'
 import { honoHandlerHint } from '../core/migrating.js'
@@ -31,19 +38,19 @@ import type { Logger } from '../core/types.js'
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
-/** The bucket of `app.use(limit)`, unless the options name one (see the top of this file). */
+/** The bucket of a middleware mounted on the whole app (`app.use(limit)`), unless the options name one (see the top of this file). */
 export const APP_BUCKET = 'app'
 
-/** How a request finds its compiled limit. */
-export type LimitOf<Req> = (request: Req) => RouteLimit<Req>
+/** How a request finds its compiled limit; `self` is the middleware asking. */
+export type LimitOf<Req> = (request: Req, self: object) => RouteLimit<Req>
 
 /** What a middleware adapter tells the registry about a request's route. */
 export interface Routes<Req> {
-  /** The object the framework keeps for the route this middleware is declared on; throws (badInput) outside a route. */
-  route(request: Req): object
+  /** The object the framework keeps for the declaration of `self` (its route, or `self` when it is mounted outside a route). */
+  route(request: Req, self: object): object
   /** The request's method. */
   method(request: Req): string
-  /** The route's bucket name for this request's method (`GET /users/:id`); asked once per route and method. */
+  /** The declaration's bucket name for this request's method (`GET /users/:id`, everyMethod()); asked once per route and method. */
   name(request: Req, route: object): string
 }
 
@@ -76,13 +83,14 @@ export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
 
 /**
  * `limit(policy)` for one instance: checks the policy at once, and returns
- * how a request finds its compiled limit; `appWide` compiles the limit of
- * `app.use(limit)`. Every compiled policy is registered by bucket (see the
- * top of this file).
+ * how a request finds its compiled limit; `wide` does so for `limit` used
+ * as a middleware itself (checked on its first request). Every compiled
+ * policy is registered by bucket (see the top of this file), and handed to
+ * `claim` (lib/http/sharing.ts).
  */
-export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect: Dialect): {
+export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect: Dialect, claim: (limit: RouteLimit<never>) => void): {
   compile: (config: unknown) => LimitOf<Req>
-  appWide: () => RouteLimit<Req>
+  wide: () => LimitOf<Req>
 } {
   const buckets = new Map<string, { capacity: number, refillPerSecond: number, where: string }>()
   function register (limit: RouteLimit<Req>): RouteLimit<Req> {
@@ -93,6 +101,7 @@ export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect:
         throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
       }
     }
+    claim(limit)
     return limit
   }
   function compile (config: unknown): LimitOf<Req> {
@@ -116,8 +125,8 @@ export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect:
   function routeLimits (config: unknown): LimitOf<Req> {
     const byName = new Map<string, RouteLimit<Req>>()
     const byRoute = new WeakMap<object, Map<string, RouteLimit<Req>>>()
-    return (request) => {
-      const route = routes.route(request)
+    return (request, self) => {
+      const route = routes.route(request, self)
       let methods = byRoute.get(route)
       if (methods === undefined) {
         methods = new Map()
@@ -138,8 +147,21 @@ export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect:
       return limit
     }
   }
-  const appWide = (): RouteLimit<Req> => register(compileRoute(APP_BUCKET, undefined, defaults, dialect, 'app.use(limit): ', 'app.use(limit)'))
-  return { compile, appWide }
+  function wide (): LimitOf<Req> {
+    // Checked first as the whole app's limit, so that options that are no complete policy are named as `app.use(limit)`'s.
+    compileRoute(APP_BUCKET, undefined, defaults, dialect, 'app.use(limit): ', 'app.use(limit)')
+    return compile(undefined)
+  }
+  return { compile, wide }
+}
+
+/**
+ * The bucket name of a declaration for every method at `patterns` (`app.all`,
+ * a middleware mounted with `use`): APP_BUCKET on the whole app, else
+ * `ALL <patterns>` (see the top of this file).
+ */
+export function everyMethod (patterns: readonly string[]): string {
+  return patterns.every((p) => p === '*' || p === '/*') ? APP_BUCKET : `ALL ${patterns.join(',')}`
 }
 
 /** An object literal (a request, a class instance are not policies). */

@@ -7,6 +7,8 @@ import { checkPolicy } from '../../lib/core/policy.js'
 import { PolicyHeaders, headerMode, headerPairs } from '../../lib/http/headers.js'
 import { logLine } from '../../lib/http/instance.js'
 import { StoreError } from '../../lib/store/errors.js'
+import { MAX_OWNED, bucketOwner } from '../../lib/http/sharing.js'
+import type { RouteLimit } from '../../lib/http/route.js'
 import type { Decision } from '../../lib/core/types.js'
 
 const policies = new PolicyHeaders([{ bucket: 'api', capacity: 10, refillPerSecond: 1 }], [{ bucket: 'api', capacity: 2, refillPerSecond: 1 }])
@@ -59,4 +61,28 @@ t.test('the middleware adapters\' default logger: one line, the message then eac
   t.equal(logLine({ err: new TypeError('bad\nkey') }, 'settle failed'), 'settle failed err="bad\\nkey"', 'an error without a code: its message, newlines escaped')
   t.equal(logLine({ downMs: 12, decisions: { 'fail-open': 3 }, last: undefined }, 'recovered'), 'recovered downMs=12 decisions={"fail-open":3} last=undefined')
   t.equal(logLine({}, 'no redis given'), 'no redis given')
+})
+
+t.test('buckets of several instances: the table is capped, and close() withdraws an instance\'s names', async (t) => {
+  const lines: string[] = []
+  const log = { warn: (_o: object, msg: string) => { lines.push(msg) }, info: () => {}, error: () => {} }
+  const limit = (bucket: string, capacity: number): RouteLimit<never> => ({ name: bucket, policies: [{ bucket, capacity, refillPerSecond: 1 }] }) as unknown as RouteLimit<never>
+  const filler = bucketOwner('cap', log)
+  for (let i = 0; i < MAX_OWNED; i++) filler.claim(limit(`b${i}`, 1))
+  const a = bucketOwner('cap', log)
+  const b = bucketOwner('cap', log)
+  a.claim(limit('past-the-cap', 1))
+  b.claim(limit('past-the-cap', 2))
+  t.same(lines, [], `past ${MAX_OWNED} names, a new name is not checked`)
+  filler.release()
+  a.claim(limit('b0', 1))
+  a.claim(limit('b0', 1))
+  b.claim(limit('b0', 2))
+  b.claim(limit('b0', 3))
+  t.equal(lines.length, 1, 'one warning per bucket name, however many policies follow')
+  a.release()
+  b.release()
+  a.claim(limit('b0', 1))
+  t.equal(lines.length, 1, 'released names are free again')
+  a.release()
 })

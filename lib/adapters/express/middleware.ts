@@ -4,19 +4,20 @@
 //
 // Buckets. Inside a route, a middleware's bucket is `<METHOD> <mount path +
 // route pattern>` (`GET /users/:id`) as declared, never as the URL spells
-// it; outside a route the policy names its `bucket`; a bucket has one
-// policy per `rateLimit()` instance. lib/adapters/express/limits.ts compiles and
-// registers the limits, lib/adapters/express/routes.ts finds where a route is
-// declared.
+// it (`ALL <pattern>` for `app.all`); outside a route, `ALL <mount path>/*`
+// (APP_BUCKET on the whole app); a bucket has one policy per `rateLimit()`
+// instance, and a limit met twice by one request spends once
+// (lib/http/registry.ts, lib/http/sharing.ts). lib/adapters/express/limits.ts
+// compiles and registers the limits, lib/adapters/express/routes.ts finds
+// where a route or a mount is declared.
 //
-// The whole app. `rateLimit()` returns `limit`, which is a middleware too:
-// `app.use(limit)`, as express-rate-limit users write it, limits every
-// request with the options' own policy, one bucket per client named
-// APP_BUCKET (or the options' `bucket`), compiled on its first request (the
-// options of a limiter used only per route need no capacity). So Express's
-// call `limit(req, res, next)` is told from `limit(policy)` by its third
-// argument, a function; a value that is no policy (a request, a string)
-// fails when `limit(value)` is called.
+// `limit` itself. `rateLimit()` returns `limit`, which is a middleware too,
+// as express-rate-limit users write it: `limit` is `limit()`, the options'
+// own policy named where it is declared (`app.use(limit)`: APP_BUCKET),
+// compiled on its first request (the options of a limiter used only with
+// policies need no capacity). So Express's call `limit(req, res, next)` is
+// told from `limit(policy)` by its third argument, a function; a value that
+// is no policy (a request, a string) fails when `limit(value)` is called.
 //
 // Start-up. `rateLimit()` cannot be awaited, so the wait the plugin does at
 // registration (for the client to be ready and the scripts loaded, bounded)
@@ -50,6 +51,7 @@ import type { NextFunction, Request, RequestHandler, Response } from 'express'
 import { optionError } from '../../core/errors.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { APP_BUCKET, MAX_NAMES, badInput, registry, refuser, type LimitOf } from './limits.js'
+import { bucketOwner, firstTime } from '../../http/sharing.js'
 import { RoutePatterns } from './routes.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { parseFields, isFunction, isRecord, outageSummaryMs, warningOn, warnings } from '../../core/options.js'
@@ -206,42 +208,51 @@ export function rateLimit (options: ExpressOptions): RateLimit {
   const patterns = new RoutePatterns((pattern) => {
     log.warn({ pattern }, `tollgate: no router of the app holds the route ${pattern} (a router called from a function, or a sub-app mounted with router.use(), is hidden from tollgate), so its bucket is named from the sub-apps' mount paths and the route's own pattern; give its limit a \`bucket\` if the route is mounted elsewhere`)
   })
-  const { compile, appWide } = registry(defaults, patterns)
-  const checks = checker(layer, ready)
-  const limit = limitFunction(compile, appWide, checks.middleware)
-  return Object.assign(limit, programmatic<ExpressProgrammaticPolicy>(core, defaults, 'express', ready, checks.closing))
+  const prefix = options.prefix ?? 'tollgate'
+  const owner = bucketOwner(prefix, log)
+  const { compile, wide } = registry(defaults, patterns, owner.claim)
+  const checks = checker(layer, ready, prefix)
+  const limit = limitFunction(compile, wide, checks.middleware)
+  return Object.assign(limit, programmatic<ExpressProgrammaticPolicy>(core, defaults, 'express', ready, () => { checks.closing(); owner.release() }))
 }
 
 type RateLimitFunction = ((policy?: ExpressPolicy | readonly ExpressPolicy[]) => RequestHandler) & RequestHandler
+
+/** A middleware finding its limit with `limitOf`; `handle` is the function Express holds, when it is not the middleware itself. */
+type Middleware = (limitOf: LimitOf, handle?: object) => RequestHandler
 
 /**
  * The middleware of one `rateLimit()` instance for a way of finding a
  * request's limit: the start-up wait, the decision, the answer, and the
  * drop of a request already answered (see the top of this file).
  */
-function checker (layer: RequestLayer<Request>, ready: Promise<void>): { middleware: (limitOf: LimitOf) => RequestHandler, closing: () => void } {
+function checker (layer: RequestLayer<Request>, ready: Promise<void>, prefix: string): { middleware: Middleware, closing: () => void } {
   const starting = startGate(ready)
   let closing = false
-  function middleware (limitOf: LimitOf): RequestHandler {
-    return function tollgate (req, res, next) {
+  function middleware (limitOf: LimitOf, handle?: object): RequestHandler {
+    const tollgate: RequestHandler = (req, res, next) => {
       const waiting = starting()
       if (waiting !== undefined) {
-        void waiting.then(() => { check(limitOf, req, res, next) })
+        void waiting.then(() => { check(limitOf, self, req, res, next) })
         return
       }
-      check(limitOf, req, res, next)
+      check(limitOf, self, req, res, next)
     }
+    // The function Express holds in its layer: `limit` itself, used as a middleware.
+    const self = handle ?? tollgate
+    return tollgate
   }
-  /** One request's check; never throws. */
-  function check (limitOf: LimitOf, req: Request, res: Response, next: NextFunction): void {
+  /** One request's check; never throws. A limit this request met before passes it (lib/http/sharing.ts). */
+  function check (limitOf: LimitOf, self: object, req: Request, res: Response, next: NextFunction): void {
     if (answered(res)) return
     let limit: RouteLimit<Request>
     try {
-      limit = limitOf(req)
+      limit = limitOf(req, self)
     } catch (err) {
       next(err)
       return
     }
+    if (!firstTime(req, limit, prefix)) return next()
     layer.decide(limit, req).then((decided) => { conclude(decided, req, res, next) }).catch(next)
   }
   function conclude (decided: Decided<Request> | undefined, req: Request, res: Response, next: NextFunction): void {
@@ -269,30 +280,31 @@ function checker (layer: RequestLayer<Request>, ready: Promise<void>): { middlew
 
 /**
  * `limit`: `limit(policy?)` makes a middleware; Express's call
- * `limit(req, res, next)` (its third argument a function) is the app-wide
- * middleware, compiled on its first request (see the top of this file).
+ * `limit(req, res, next)` (its third argument a function) is `limit()`,
+ * compiled on its first request (see the top of this file).
  */
-function limitFunction (compile: (config: unknown) => LimitOf, appWide: () => RouteLimit<Request>, middleware: (limitOf: LimitOf) => RequestHandler): RateLimitFunction {
-  let wide: RequestHandler | undefined
-  function appMiddleware (): RequestHandler {
-    let compiled: RouteLimit<Request>
+function limitFunction (compile: (config: unknown) => LimitOf, wide: () => LimitOf, middleware: Middleware): RateLimitFunction {
+  let itself: RequestHandler | undefined
+  function ownMiddleware (): RequestHandler {
+    let limitOf: LimitOf
     try {
-      compiled = appWide()
+      limitOf = wide()
     } catch (err) {
       return (_req, _res, next) => { next(err) }
     }
-    return middleware(() => compiled)
+    return middleware(limitOf, limit)
   }
-  return function limit (policy?: unknown, res?: unknown, next?: unknown): RequestHandler | undefined {
-    // Called by Express as the app-wide middleware (req, res, next), whose
-    // types the overloads of limit state; the arguments are taken at those types.
+  const limit = function limit (policy?: unknown, res?: unknown, next?: unknown): RequestHandler | undefined {
+    // Called by Express as a middleware (req, res, next), whose types the
+    // overloads of limit state; the arguments are taken at those types.
     if (typeof next === 'function') {
-      wide ??= appMiddleware()
-      wide(policy as Request, res as Response, next as NextFunction)
+      itself ??= ownMiddleware()
+      itself(policy as Request, res as Response, next as NextFunction)
       return undefined
     }
     return middleware(compile(policy))
   } as RateLimitFunction
+  return limit
 }
 
 /** The response is sent, or its client has gone: no decision can reach it any more. */

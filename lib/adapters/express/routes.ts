@@ -32,11 +32,15 @@
 // (as a route with a path array is). A route the walk cannot find (a router
 // called from a function, a sub-app mounted with `router.use`) is named by
 // its sub-apps' mount paths and its own pattern, and `hidden` is told once.
+//
+// A middleware mounted outside a route (`app.use('/api', limit)`) is found
+// the same way, by the layers whose handle it is: its mount paths.
 
 /** A route pattern, found once per route object and app: `/api/users/:id`. */
 export class RoutePatterns {
   readonly #found = new WeakMap<object, WeakMap<object, string>>()
   readonly #hidden: (pattern: string) => void
+  readonly #mounts = new WeakMap<object, Route>()
 
   /** `hidden` is called (once per route) for a route no router walk reaches. */
   constructor (hidden: (pattern: string) => void) {
@@ -59,11 +63,21 @@ export class RoutePatterns {
     return pattern
   }
 
+  /** The declared mount paths of `handle`, a middleware used outside a route in `app`, each with `/*` (`/api/*`; `/*` on the root). */
+  mounts (app: unknown, handle: object): string[] {
+    let mount = this.#mounts.get(handle)
+    if (mount === undefined) {
+      mount = { handle }
+      this.#mounts.set(handle, mount)
+    }
+    return this.of(app, mount).split(',')
+  }
+
   #find (app: unknown, route: Route): string {
     const found: string[] = []
     if (isApp(app)) walk(routerOf(app).stack, route, [''], found, new Set())
     if (found.length === 0) {
-      const pattern = join(product(appPrefixes(app), texts(route.path)))
+      const pattern = join(product(appPrefixes(app), route.handle === undefined ? texts(route.path) : ['/*']))
       this.#hidden(pattern)
       return pattern
     }
@@ -77,7 +91,7 @@ export class RoutePatterns {
  * Express 4 and 5 agree on them, and isRouter and isApp check them where
  * they do not.
  */
-export interface Route { path?: unknown, stack?: unknown }
+export interface Route { path?: unknown, stack?: unknown, handle?: object }
 interface Layer { route?: Route, handle?: unknown, rawPath?: unknown, regexp?: RegExp, keys?: Array<{ name: unknown }> }
 interface Router { stack: Layer[] }
 interface App { parent?: unknown, mountpath?: unknown, router?: Router, _router?: Router }
@@ -87,14 +101,19 @@ const NO_APP = {}
 
 /**
  * Collects in `found` the patterns of the layers of `stack` (and of the
- * routers below) that hold `route`; `at` are the mount paths so far. A
- * router met again below itself is not followed.
+ * routers below) that hold `route` (or, for `{ handle }`, that mount that
+ * middleware outside a route); `at` are the mount paths so far. A router
+ * met again below itself is not followed.
  */
 function walk (stack: readonly Layer[], route: Route, at: readonly string[], found: string[], seen: Set<unknown>): void {
   for (const layer of stack) {
     const held = layer.route
     if (held === route) {
       found.push(...product(at, texts(route.path)))
+      continue
+    }
+    if (held === undefined && route.handle !== undefined && layer.handle === route.handle) {
+      found.push(...product(product(at, mountTexts(mountPath(layer))), ['/*']))
       continue
     }
     // A router given as a route's handler (`app.get('/x', router)`) matches

@@ -9,13 +9,21 @@
 // URL: Hono decodes the path before matching, so `/items/%31` and
 // `/items/1` are one bucket, and an app that matches case-insensitively
 // (its own `getPath`) makes one bucket of `/Items/1` and `/items/1`. A
-// route declared for every method (`app.all`, `app.use(path, ...)`) is
-// named with the request's method (`GET /api/*`), bounded by the methods
-// Node's parser knows. The app-wide middleware (`app.use(limit)`) is the
-// options' own policy, one bucket per client named APP_BUCKET (or the
-// options' `bucket`), compiled on its first request; `limit(c, next)`,
-// Hono's call, is told from `limit(policy)` by its second argument, a
-// function.
+// route declared for every method (`app.all`, `app.use(path, ...)`: Hono
+// keeps both as method ALL) is one bucket, `ALL /api/*`, and APP_BUCKET on
+// the whole app (`*`, `/*`). `limit` used as a middleware itself is
+// `limit()`: the options' own policy, named the same way (`app.use(limit)`:
+// APP_BUCKET), compiled on its first request; `limit(c, next)`, Hono's
+// call, is told from `limit(policy)` by its second argument, a function. A
+// limit met twice by one request spends once (lib/http/sharing.ts).
+//
+// A client gone. A request whose client disconnected while it waited in
+// tollgate (the start-up wait, the store, `maxWaitMs`) is dropped when its
+// decision arrives, as on Express: its handler does not run, and it gets an
+// empty 499 that no client reads. Tokens it spent stay spent: they were
+// reserved when the wait began, as on Express. The Node request's abort
+// signal (`c.req.raw.signal`, which @hono/node-server aborts when the
+// connection closes early) tells it.
 //
 // The client. The socket's peer, from @hono/node-server's `getConnInfo`,
 // or with `trustProxy` the address a trusted proxy appended to
@@ -49,9 +57,10 @@ import { parseFields, isRecord, outageSummaryMs, warningOn, warnings } from '../
 import type { HeaderValue } from '../../http/headers.js'
 import { CONSOLE, RateLimitError, logger, programmatic, startGate, startUp, type Programmatic } from '../../http/instance.js'
 import { clientAddress, compileTrust, trustProxyOption, trustsAll, type Trust, type TrustProxy } from '../../http/proxy.js'
-import { APP_BUCKET, MAX_NAMES, badInput, honoHandler, middlewareDialect, refuser, registry, type LimitOf, type Routes } from '../../http/registry.js'
+import { APP_BUCKET, MAX_NAMES, badInput, everyMethod, honoHandler, middlewareDialect, refuser, registry, type LimitOf, type Routes } from '../../http/registry.js'
+import { bucketOwner, firstTime } from '../../http/sharing.js'
 import { NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
-import { POLICY_CHECKS, checkDefaults, routeName, type Defaults, type RouteLimit } from '../../http/route.js'
+import { POLICY_CHECKS, checkDefaults, routeName, type Defaults } from '../../http/route.js'
 import { STORE_CHECKS, adapterCore } from '../../http/setup.js'
 import { takeReservation, type Pending } from '../../http/settle-route.js'
 import type { Tier } from '../../http/tiers.js'
@@ -201,9 +210,9 @@ interface MatchedRoute { method: string, path: string }
 const ROUTES: Routes<Context> = {
   route: (c) => matchedRoutes(c)[c.req.routeIndex] as MatchedRoute,
   method: (c) => c.req.method,
-  name: (c, route) => {
+  name: (_c, route) => {
     const { method, path } = route as MatchedRoute
-    return routeName(method === 'ALL' ? c.req.method : method, path)
+    return method === 'ALL' ? everyMethod([path]) : routeName(method, path)
   }
 }
 
@@ -228,16 +237,18 @@ export function rateLimit (options: HonoOptions): RateLimit {
     refuse: refuser(log),
     settleFailed: (_c, err) => { log.error({ err }, 'tollgate: settle failed; the reservation stands') }
   })
-  const { compile, appWide } = registry(defaults, ROUTES, middlewareDialect('hono'))
-  const checks = checker(layer, ready)
-  const limit = limitFunction(compile, appWide, checks.middleware)
-  return Object.assign(limit, programmatic<HonoProgrammaticPolicy>(core, defaults, 'hono', ready, checks.closing))
+  const prefix = options.prefix ?? 'tollgate'
+  const owner = bucketOwner(prefix, log)
+  const { compile, wide } = registry(defaults, ROUTES, middlewareDialect('hono'), owner.claim)
+  const checks = checker(layer, ready, prefix)
+  const limit = limitFunction(compile, wide, checks.middleware)
+  return Object.assign(limit, programmatic<HonoProgrammaticPolicy>(core, defaults, 'hono', ready, () => { checks.closing(); owner.release() }))
 }
 
 type RateLimitFunction = ((policy?: HonoPolicy | readonly HonoPolicy[]) => MiddlewareHandler<RateLimitEnv>) & ((c: Context, next: Next) => Promise<Response | undefined>)
 
 /** The middleware of one `rateLimit()` instance for a way of finding a request's limit. */
-function checker (layer: RequestLayer<Context>, ready: Promise<void>): {
+function checker (layer: RequestLayer<Context>, ready: Promise<void>, prefix: string): {
   middleware: (limitOf: LimitOf<Context>) => MiddlewareHandler<RateLimitEnv>
   closing: () => void
 } {
@@ -247,8 +258,11 @@ function checker (layer: RequestLayer<Context>, ready: Promise<void>): {
     return async function tollgate (c, next) {
       const waiting = starting()
       if (waiting !== undefined) await waiting
-      const decided = await layer.decide(limitOf(c), c)
+      const limit = limitOf(c, tollgate)
+      if (!firstTime(c, limit, prefix)) return await pass(c, next, undefined, undefined)
+      const decided = await layer.decide(limit, c)
       const pending = takeReservation(c)
+      if (c.req.raw.signal.aborted) return gone(c, pending)
       // Shutting down: the connection is not kept alive after this answer.
       if (closing) c.header('connection', 'close')
       if (decided === undefined) return await pass(c, next, pending, undefined)
@@ -270,15 +284,21 @@ function checker (layer: RequestLayer<Context>, ready: Promise<void>): {
   async function pass (c: Context, next: Next, pending: Pending | undefined, check: (() => void) | undefined): Promise<undefined> {
     await next()
     check?.()
-    if (pending !== undefined) settleWhenFinished(pending, c)
+    settleWhenFinished(pending, c)
     return undefined
+  }
+  /** The client has gone: the handler does not run (see the top of this file); a reservation settles if its response finishes. */
+  function gone (c: Context, pending: Pending | undefined): Response {
+    settleWhenFinished(pending, c)
+    return new Response(null, { status: CLIENT_GONE })
   }
   function reapply (c: Context, decided: Decided<Context>, shown: string): void {
     if (c.res.headers.get(shown) !== null) return
     answer(decided.limit, decided.decision, c, setHeader)
     if (closing) c.header('connection', 'close')
   }
-  function settleWhenFinished (pending: Pending, c: Context): void {
+  function settleWhenFinished (pending: Pending | undefined, c: Context): void {
+    if (pending === undefined) return
     const settle = (): void => { void layer.settle(pending, c, c.res) }
     const outgoing = nodeResponse(c)
     if (outgoing === undefined || outgoing.writableFinished) settle()
@@ -287,24 +307,24 @@ function checker (layer: RequestLayer<Context>, ready: Promise<void>): {
   return { middleware, closing: () => { closing = true } }
 }
 
-/** `limit`: `limit(policy?)` makes a middleware; Hono's call `limit(c, next)` is the app-wide middleware (see the top of this file). */
-function limitFunction (compile: (config: unknown) => LimitOf<Context>, appWide: () => RouteLimit<Context>, middleware: (limitOf: LimitOf<Context>) => MiddlewareHandler<RateLimitEnv>): RateLimitFunction {
-  let wide: MiddlewareHandler<RateLimitEnv> | undefined
-  function appMiddleware (): MiddlewareHandler<RateLimitEnv> {
-    let compiled: RouteLimit<Context>
+/** `limit`: `limit(policy?)` makes a middleware; Hono's call `limit(c, next)` is `limit()` (see the top of this file). */
+function limitFunction (compile: (config: unknown) => LimitOf<Context>, wide: () => LimitOf<Context>, middleware: (limitOf: LimitOf<Context>) => MiddlewareHandler<RateLimitEnv>): RateLimitFunction {
+  let itself: MiddlewareHandler<RateLimitEnv> | undefined
+  function ownMiddleware (): MiddlewareHandler<RateLimitEnv> {
+    let limitOf: LimitOf<Context>
     try {
-      compiled = appWide()
+      limitOf = wide()
     } catch (err) {
       return async () => { throw err }
     }
-    return middleware(() => compiled)
+    return middleware(limitOf)
   }
   return function limit (policy?: unknown, next?: unknown): MiddlewareHandler<RateLimitEnv> | Promise<Response | undefined> {
-    // Called by Hono as the app-wide middleware (c, next), whose types the
-    // overloads of limit state; the arguments are taken at those types.
+    // Called by Hono as a middleware (c, next), whose types the overloads
+    // of limit state; the arguments are taken at those types.
     if (typeof next === 'function') {
-      wide ??= appMiddleware()
-      return wide(policy as Context<RateLimitEnv>, next as Next) as Promise<Response | undefined>
+      itself ??= ownMiddleware()
+      return itself(policy as Context<RateLimitEnv>, next as Next) as Promise<Response | undefined>
     }
     return middleware(compile(policy))
   } as RateLimitFunction
@@ -315,6 +335,9 @@ async function deny (c: Context, denial: Denial, decision: Decision, handler: Ho
   if (handler !== undefined) return await handler(c, new RateLimitError(denial, decision))
   return c.body(denialBody(denial), denial.statusCode, { 'content-type': 'application/json; charset=utf-8' })
 }
+
+/** The status of a request whose client has gone (no client reads it): "client closed request", as proxies log it. */
+const CLIENT_GONE = 499
 
 /** The last header name setHeader wrote (answer() writes synchronously): a name to look for on the handler's response. */
 let written: string | undefined
