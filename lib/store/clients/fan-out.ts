@@ -9,7 +9,8 @@
 /** `attach` puts `call` on the client and returns its removal. */
 export function fanOut (attach: (call: () => void) => () => void): (listener: () => void) => () => void {
   const listeners = new Set<{ listener: () => void }>()
-  let detach = (): void => {}
+  // Set with the first listener, before any removal can be called.
+  let detach: () => void
   const call = (): void => {
     for (const entry of [...listeners]) entry.listener()
   }
