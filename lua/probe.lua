@@ -35,7 +35,7 @@ end
 
 try('TIME')
 try('GET', key)
-try('MGET', key)
+try('TYPE', key)
 if try('PTTL', key) == -2 then
   try('PSETEX', key, 1, 0)
   try('DEL', key)
