@@ -68,13 +68,14 @@ const requests: Subject[] = [
     }
   },
   {
-    // Redis unreachable and the breaker open for good: every request is
-    // decided by the local fallback.
+    // Redis unreachable from the start: every request fails at once (nothing
+    // is sent to a client that never connected) and is decided by the local
+    // fallback.
     name: 'local fallback, consume()',
     cap: 10_000,
     bound: 2,
     make: async () => {
-      const limiter = createLimiter({ redis: await deadClient(), breaker: { failures: 1, cooldownMs: 3_600_000 } })
+      const limiter = createLimiter({ redis: await deadClient() })
       return { request: (key) => limiter.consume(key, policy) }
     }
   }

@@ -247,6 +247,8 @@ export class RedisStore implements Store, LeaseStore {
   #scheduled = false
   /** The client was seen ready once: its failures to connect from then on are Redis's (see #down). */
   #connected = false
+  /** The last error of a client never connected yet, given again while its message holds (see #down). */
+  #connecting: StoreError | undefined
 
   constructor (client: RedisClient, options: RedisStoreOptions = {}) {
     this.#redis = storeClient(client)
@@ -282,10 +284,21 @@ export class RedisStore implements Store, LeaseStore {
    */
   #down (): StoreError {
     const redis = this.#redis
-    const error = this.#connected ? (message: string) => new StoreError('TOLLGATE_STORE_DOWN', message) : notConnectedYet
+    const error = this.#connected ? (message: string) => new StoreError('TOLLGATE_STORE_DOWN', message) : this.#notConnectedYet
     if (redis.status !== 'wait') return error(`Redis at ${this.target} is not connected (status ${redis.status})`)
     redis.connect()
     return error(`Redis at ${this.target} was not connected (a lazyConnect client, status wait): tollgate asked it to connect`)
+  }
+
+  /**
+   * One error for every call while a client that never connected stays in
+   * one state: a Redis unreachable from the start, with the breaker not
+   * counting these failures, would otherwise cost every request a new
+   * error and its stack.
+   */
+  readonly #notConnectedYet = (message: string): StoreError => {
+    if (this.#connecting?.message !== message) this.#connecting = notConnectedYet(message)
+    return this.#connecting
   }
 
   /**
