@@ -8,8 +8,7 @@
 -- fails, and before Redis 7.2 the error does not name the command. This
 -- script runs each command once under redis.pcall, which returns the
 -- refusal instead of aborting, so start-up can name every refused command
--- and its fix in one line (lib/store/redis-store.ts warm). It is also the
--- start-up's first EVALSHA: its refusal says the scripts cannot run at all.
+-- and its fix in one line (lib/store/redis-store.ts warm, after its peek).
 --
 -- KEYS[1]  a key of no bucket (`<prefix>:warm`): read; then, only when it
 --          does not exist (so the probe never overwrites anything), written

@@ -1,11 +1,13 @@
 // A Redis that runs the scripts but refuses a command inside them: an ACL
 // user without TIME (a least-privilege user granted @read @write
 // @scripting, TIME being only in @fast; or +@all -time), a read-only
-// scripting user (+@read +@scripting: no TIME, no PSETEX, no DEL), or a
-// read-only replica (READONLY on the first write). Every decision fails
-// there, so the store is down for the limiter (docs/guides/failure-modes.md):
-// one start-up line names what is refused and the fix, the breaker opens,
-// the state says 'failing', and 150 requests log nothing more.
+// scripting user (+@read +@scripting: no TIME, no PSETEX, no DEL), keys
+// outside the user's patterns, or a read-only replica (READONLY on the
+// first write). Every decision fails there, so the store is down for the
+// limiter (docs/guides/failure-modes.md): one start-up line names what is
+// refused and the fix, the breaker opens, the state says 'failing', and
+// 150 requests log nothing more. Read as a live Redis's answer instead, the
+// first three logged one line per request (150) and stayed 'healthy'.
 //
 // Real redis-server processes and real ACL users, through the core and
 // through the Fastify plugin. The deadline is 1000 ms, far above any

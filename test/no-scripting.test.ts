@@ -114,7 +114,7 @@ t.test('scripting refused after start-up: one error line when it starts, then th
   t.equal(states[0], 'open', 'the breaker opens')
 })
 
-t.test('a start-up probe that fails for another reason is left to the failure modes', async (t) => {
+t.test('a warm-up that fails for another reason is left to the failure modes', async (t) => {
   const redis = new Redis(await redisUrl(t))
   t.teardown(() => redis.quit())
   const key = `${uniquePrefix()}:warm`

@@ -320,9 +320,9 @@ t.test('a failing key, cost or allow function: the generic 500, a log line namin
     }
     return calls
   }
-  // The start-up probe (lib/store/redis-store.ts warm) is the one script call so far.
+  // The start-up peek and probe (lib/store/redis-store.ts warm) are the only script calls so far.
   const before = await evals()
-  t.equal(before, 1, 'the start-up probe')
+  t.equal(before, 2, 'the start-up peek and probe')
   for (const [url, , message] of routes) {
     const res = await app.inject(url)
     t.equal(res.statusCode, 500, url)

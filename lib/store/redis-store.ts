@@ -484,25 +484,37 @@ export class RedisStore implements Store, LeaseStore {
 
   /**
    * Loads the scripts on every master, which also opens the connections, so
-   * the first decisions after start-up need neither; then runs lua/probe.lua
-   * on `key` with EVALSHA, as a decision would, to learn whether this server
-   * runs the scripts at all (SCRIPT LOAD succeeding does not show that
-   * EVALSHA is allowed, nor SCRIPT LOAD failing that it is not), and each
-   * command inside them (an ACL without TIME, a read-only replica).
-   * Resolves with an error when the scripts or a command in them are
-   * refused (lib/store/errors.ts scriptsRefused, commandRefused), naming the
-   * refused commands; else undefined: other failures are the failure
-   * modes' to cover, for a store that is not there yet.
+   * the first decisions after start-up need neither; then peeks at `key`
+   * (a peek writes nothing), as a decision would, to learn whether this
+   * server runs the scripts at all: SCRIPT LOAD succeeding does not show
+   * that EVALSHA is allowed, nor SCRIPT LOAD failing that it is not. Then
+   * runs lua/probe.lua on `key`, to learn whether it refuses a command
+   * inside them (an ACL without TIME, a read-only replica: a peek runs no
+   * write). Resolves with an error when the scripts or a command in them
+   * are refused (lib/store/errors.ts scriptsRefused, commandRefused),
+   * naming the refused commands; else undefined: other failures are the
+   * failure modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {
     await this.#redis.loadScripts([TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT, PROBE].map((s) => s.lua))
+    try {
+      await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
+    } catch (cause) {
+      if (scriptsRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
+    }
+    return await this.#probe(key)
+  }
+
+  /** lua/probe.lua on `key`: the commands refused inside a script, if any, as warm's error. */
+  async #probe (key: string): Promise<StoreError | undefined> {
     let failed: unknown[]
     try {
       this.#ready()
       // A flat array of names and errors, empty when every command ran.
       failed = [await this.#run(PROBE, 1, [key])].flat()
     } catch (cause) {
-      if (scriptsRefused(cause) || commandRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
+      // A key outside the user's ACL: the EVALSHA itself is refused.
+      if (commandRefused(cause)) return new StoreError('TOLLGATE_STORE_ERROR', `store call failed: ${cause.message}`, { cause })
       return undefined
     }
     return refusalOf(failed)
