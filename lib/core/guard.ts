@@ -95,6 +95,8 @@ export class Guard {
   /** Clock time at which the open breaker lets a probe through; undefined while closed. */
   #openUntil: number | undefined
   #probing = false
+  /** While set, no call reaches the store: each fails with it at once (see hold). */
+  #held: StoreError | undefined
 
   constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver, report: GuardReport = {}) {
     this.#store = store
@@ -122,6 +124,7 @@ export class Guard {
    * missed the deadline, or was skipped by the open breaker. Never rejects.
    */
   decide<R> (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number, ok: (reply: StoreReply, sentAt: number) => R, fail: () => R): Promise<R> {
+    if (this.#held !== undefined) return Promise.resolve(fail())
     const probe = this.#admit()
     if (probe === undefined) return Promise.resolve(fail())
     return new Promise<R>((resolve) => {
@@ -131,8 +134,9 @@ export class Guard {
     })
   }
 
-  /** Any store call through the deadline and the breaker; rejects with a StoreError. */
-  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
+  /** Any store call through the deadline and the breaker; rejects with a StoreError. `evenHeld`: sent while held too (see hold). */
+  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], evenHeld = false): Promise<T> {
+    if (this.#held !== undefined && !evenHeld) return Promise.reject(this.#held)
     const probe = this.#admit()
     if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
     return new Promise<T>((resolve, reject) => {
@@ -145,6 +149,7 @@ export class Guard {
 
   /** Deletes a key in the store, under the same deadline; failures reject. */
   async reset (key: string, timeoutMs: number): Promise<void> {
+    if (this.#held !== undefined) throw this.#held
     try {
       await this.#deadlines.wrap(this.#store.reset(key), timeoutMs)
     } catch (cause) {
@@ -165,6 +170,17 @@ export class Guard {
    */
   down (err: StoreError, message?: string): void {
     this.#turnFailing(err, message)
+  }
+
+  /**
+   * Holds every call (`err`), or lets them through again (undefined): while
+   * the keys cannot be named as the fleet names them (lib/core/key-secret.ts),
+   * a call would spend from a bucket no other server sees. Held calls fail
+   * at once, as the open breaker's do, counting nothing towards it; a call
+   * of `run` with `evenHeld` (the read that ends the hold) is sent.
+   */
+  hold (err: StoreError | undefined): void {
+    this.#held = err
   }
 
   /** Stops the outage summary's timer. */
