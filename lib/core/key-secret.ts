@@ -103,12 +103,12 @@ export class KeyNames {
     const [secret, check] = (reply as unknown[]).map(text)
     this.#checked = true
     if (option !== undefined) {
-      if (check !== mine) logger.error({ key: checkKey }, `tollgate: keySecret differs from the one another server of this fleet set (its digest is at ${checkKey}): the two name keys differently, so their buckets are split`)
-      if (secret !== undefined) logger.error({ key: secretKey }, `tollgate: servers of this fleet without keySecret use the random secret at ${secretKey}; this one sets keySecret: their buckets are split until every server sets the same keySecret`)
+      if (check !== mine) logger.error({ key: checkKey }, `keySecret differs from the one another server of this fleet set (its digest is at ${checkKey}): the two name keys differently, so their buckets are split`)
+      if (secret !== undefined) logger.error({ key: secretKey }, `servers of this fleet without keySecret use the random secret at ${secretKey}; this one sets keySecret: their buckets are split until every server sets the same keySecret`)
       return
     }
-    if (check !== undefined) logger.error({ key: checkKey }, `tollgate: another server of this fleet sets keySecret (its digest is at ${checkKey}); this one does not: their buckets are split until every server sets the same keySecret`)
-    if (secret === mine) logger.info({ key: secretKey }, `tollgate: created the fleet's key secret at ${secretKey}; a server that read an earlier one (deleted since) names keys otherwise until it restarts`)
+    if (check !== undefined) logger.error({ key: checkKey }, `another server of this fleet sets keySecret (its digest is at ${checkKey}); this one does not: their buckets are split until every server sets the same keySecret`)
+    if (secret === mine) logger.info({ key: secretKey }, `created the fleet's key secret at ${secretKey}; a server that read an earlier one (deleted since) names keys otherwise until it restarts`)
     this.#secret = Buffer.from(secret as string, 'utf8')
     guard.hold(undefined)
   }

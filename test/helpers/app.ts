@@ -7,7 +7,7 @@ import { Writable } from 'node:stream'
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate, { type TollgateOptions } from '../../lib/index.js'
-import { readable, secretKey } from './keys.js'
+import { isSecretKey, readable, secretKey } from './keys.js'
 import { redisUrl, type TeardownTarget } from './redis.js'
 
 /** A prefix no other app uses: `t-<16 hex>`, valid for the `prefix` option. */
@@ -44,7 +44,7 @@ export async function keysUnder (redis: Redis, prefix: string): Promise<string[]
     found.push(...batch)
   } while (cursor !== '0')
   const secret = await redis.get(secretKey(prefix)) ?? undefined
-  return found.filter((key) => key !== secretKey(prefix)).map((key) => readable(key, secret, prefix)).sort()
+  return found.filter((key) => !isSecretKey(key, prefix)).map((key) => readable(key, secret, prefix)).sort()
 }
 
 /** Log lines of an app, parsed from pino's JSON output. */

@@ -11,6 +11,11 @@ export function secretKey (prefix: string): string {
   return `${prefix}:{keys}:secret`
 }
 
+/** True for the keys of the key secret itself (`<prefix>:{keys}:secret` and `:check`), which are no bucket's. */
+export function isSecretKey (key: string, prefix: string): boolean {
+  return key.startsWith(`${prefix}:{keys}:`)
+}
+
 /** The key of `bucket` for `client` (as the app passes it: an IP, a user name) under `secret`. */
 export function keyUnder (secret: string, prefix: string, client: string, bucket: string): string {
   const id = clientId(client)
