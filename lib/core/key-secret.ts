@@ -46,7 +46,6 @@ export class KeyNames {
   /** Names keys while the fleet's secret is unknown: they are never sent to Redis (the guard holds). */
   readonly #provisional = randomBytes(32)
   #loading: Promise<void> | undefined
-  #checked = false
 
   constructor (prefix: string, keySecret: string | undefined, source: SecretSource | undefined) {
     this.#prefix = prefix
@@ -75,12 +74,13 @@ export class KeyNames {
   /**
    * Reads the fleet's secret (creating it if it is missing), or checks
    * `keySecret` against the fleet's, through the guard's deadline and
-   * breaker. One read at a time; once the secret is known and checked,
-   * nothing more. Never rejects: a failure is the guard's to count and log.
+   * breaker: at start-up, and before a call while the secret is unknown.
+   * One read at a time. Never rejects: a failure is the guard's to count
+   * and log.
    */
   load (timeoutMs: number): Promise<void> {
     const source = this.#source
-    if (source === undefined || this.#checked) return Promise.resolve()
+    if (source === undefined) return Promise.resolve()
     this.#loading ??= this.#read(source, timeoutMs).finally(() => { this.#loading = undefined })
     return this.#loading
   }
@@ -101,7 +101,6 @@ export class KeyNames {
     }
     // The script replies with two values, each a string or nil.
     const [secret, check] = (reply as unknown[]).map(text)
-    this.#checked = true
     if (option !== undefined) {
       if (check !== mine) logger.error({ key: checkKey }, `keySecret differs from the one another server of this fleet set (its digest is at ${checkKey}): the two name keys differently, so their buckets are split`)
       if (secret !== undefined) logger.error({ key: secretKey }, `servers of this fleet without keySecret use the random secret at ${secretKey}; this one sets keySecret: their buckets are split until every server sets the same keySecret`)

@@ -9,7 +9,8 @@ import t from 'tap'
 import { Guard, provesAlive } from '../../lib/core/guard.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
 import { FakeTime, settled } from './helpers/fake-time.js'
-import { FailingStore, engineOver, everyOn } from './helpers/failing-store.js'
+import { FailingStore, UNIT_KEY_SECRET, engineOver, everyOn } from './helpers/failing-store.js'
+import { keyUnder } from '../helpers/keys.js'
 import { memoryLog, type Test } from './helpers/option-error.js'
 
 const open: Policy = { bucket: 'open', capacity: 5, refillPerSecond: 1, failureMode: 'open' }
@@ -143,7 +144,7 @@ t.test('a reply error of a live server fails that call only: the breaker stays c
   t.equal(guard.state, 'healthy')
   t.equal(guard.cooldownLeftMs, 0)
   t.equal(lines.length, 5)
-  t.match(lines[0], { level: 'error', msg: 'rate limit key holds a value of the wrong type', obj: { keys: ['tollgate:{a}:closed'] } })
+  t.match(lines[0], { level: 'error', msg: 'rate limit key holds a value of the wrong type', obj: { keys: [keyUnder(UNIT_KEY_SECRET, 'tollgate', 'a', 'closed')] } })
 })
 
 t.test('provesAlive: only a reply error of a server that can serve is a sign of life', async (t) => {
