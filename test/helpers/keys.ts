@@ -35,6 +35,17 @@ export async function fleetKey (redis: Redis | Cluster, prefix: string, client: 
 }
 
 /**
+ * The fleet's key for a key written the readable way, `<prefix>:{<client>}:<bucket>`
+ * (the client as the app passes it), with any `!lockout` or `!settle` suffix kept.
+ */
+export async function fleetKeyOf (redis: Redis | Cluster, readableKey: string): Promise<string> {
+  const open = readableKey.indexOf(':{')
+  const close = readableKey.indexOf('}:', open)
+  const prefix = readableKey.slice(0, open)
+  return await fleetKey(redis, prefix, readableKey.slice(open + 2, close), readableKey.slice(close + 2))
+}
+
+/**
  * A listed key as `<prefix>:{<client part>}:<rest>`, the client part in the
  * braces, once its tag is checked against `secret`: what a test reads is
  * which client and bucket a key is for. A key whose tag is not the keyed
