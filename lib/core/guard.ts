@@ -134,16 +134,22 @@ export class Guard {
     })
   }
 
-  /** Any store call through the deadline and the breaker; rejects with a StoreError. `evenHeld`: sent while held too (see hold). */
-  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], evenHeld = false): Promise<T> {
-    if (this.#held !== undefined && !evenHeld) return Promise.reject(this.#held)
+  /**
+   * Any store call through the deadline and the breaker; rejects with a
+   * StoreError. `secretRead`: the key secret's read (lib/core/key-secret.ts),
+   * sent while held too (see hold); its success shows Redis answers, not that
+   * it runs the decisions' scripts, so it neither closes the breaker nor ends
+   * an outage (its failure counts as any call's).
+   */
+  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], secretRead = false): Promise<T> {
+    if (this.#held !== undefined && !secretRead) return Promise.reject(this.#held)
     const probe = this.#admit()
     if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
     return new Promise<T>((resolve, reject) => {
       this.#watch((sent) => {
         sent()
         return call()
-      }, timeoutMs, specs, probe, resolve, reject)
+      }, timeoutMs, specs, probe, resolve, reject, !secretRead)
     })
   }
 
@@ -207,7 +213,7 @@ export class Guard {
    * without sending) settles at once.
    */
   #watch<T> (call: (sent: () => void) => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
-    done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
+    done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void, proves = true): void {
     let deadline: Deadline | undefined
     const start = (): Deadline => {
       if (deadline !== undefined) return deadline
@@ -229,7 +235,8 @@ export class Guard {
       const started = start()
       if (!this.#deadlines.settle(started)) return
       this.#observer?.call(this.#clock() - started.startedAt, 'ok')
-      this.#succeeded()
+      if (proves) this.#succeeded()
+      else if (probe) this.#probing = false
       done(value, started.startedAt)
     }, (cause: unknown) => {
       const started = start()

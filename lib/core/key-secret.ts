@@ -107,7 +107,6 @@ export class KeyNames {
       return
     }
     if (check !== undefined) logger.error({ key: checkKey }, `another server of this fleet sets keySecret (its digest is at ${checkKey}); this one does not: their buckets are split until every server sets the same keySecret`)
-    if (secret === mine) logger.info({ key: secretKey }, `created the fleet's key secret at ${secretKey}; a server that read an earlier one (deleted since) names keys otherwise until it restarts`)
     this.#secret = Buffer.from(secret as string, 'utf8')
     guard.hold(undefined)
   }

@@ -209,3 +209,14 @@ t.test('lockouts and waits on a failing store: local decides with its lockout; o
   t.match(await engine.decide('u', [{ ...pin, failureMode: 'open', local: undefined, lockout: undefined, maxWaitMs: 100 }], undefined, true), { allowed: true, source: 'fail-open' })
   t.equal(store.calls, 4, 'each of them asked the store first')
 })
+
+t.test('the key secret\'s read, as the half-open probe: its success neither closes the breaker nor blocks the next probe', async (t) => {
+  const { store, decide, guard, time } = setup(t, { breaker: { failures: 1, cooldownMs: 1000 } })
+  t.match(await decide('a', [closed]), { source: 'fail-closed' }, 'one failure opens the breaker')
+  await time.advance(1000)
+  store.behaviour = 'answer'
+  t.equal(await guard.run(async () => 'secret', 100, [], true), 'secret', 'the read is let through as the probe')
+  t.ok(guard.cooldownLeftMs === 0 && guard.state === 'failing', 'the breaker is not closed by it, nor the outage ended')
+  t.match(await decide('a', [closed]), { source: 'store' }, 'the next call is the probe, and a decision closes the breaker')
+  t.equal(guard.state, 'healthy')
+})
