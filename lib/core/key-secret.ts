@@ -23,7 +23,7 @@ import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
 import type { Logger } from './types.js'
-import type { StoreClient } from '../store/client.js'
+import type { RedisStore } from '../store/redis-store.js'
 
 const LUA = readFileSync(new URL('../../lua/key-secret.lua', import.meta.url), 'utf8')
 
@@ -32,7 +32,7 @@ export const WARM_TIMEOUT_MS = 1000
 
 /** What reading the secret needs of a limiter with `redis`. */
 export interface SecretSource {
-  readonly client: StoreClient
+  readonly store: RedisStore
   readonly guard: Guard
   readonly logger: Logger
 }
@@ -85,7 +85,7 @@ export class KeyNames {
     return this.#loading
   }
 
-  async #read ({ client, guard, logger }: SecretSource, timeoutMs: number): Promise<void> {
+  async #read ({ store, guard, logger }: SecretSource, timeoutMs: number): Promise<void> {
     const option = this.#option
     const [secretKey, checkKey] = [`${this.#prefix}:{keys}:secret`, `${this.#prefix}:{keys}:check`]
     const mine = option === undefined ? randomBytes(32).toString('base64url') : digest(option)
@@ -93,8 +93,9 @@ export class KeyNames {
     try {
       reply = await guard.run(async () => {
         // As the store's own calls: nothing is queued on a client that is not connected.
-        if (client.status !== 'ready') throw new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${client.target} is not connected (status ${client.status})`)
-        return await client.eval(LUA, 2, [secretKey, checkKey, option === undefined ? 1 : 2, mine])
+        const down = store.notReady()
+        if (down !== undefined) throw down
+        return await store.client.eval(LUA, 2, [secretKey, checkKey, option === undefined ? 1 : 2, mine])
       }, timeoutMs, [], true)
     } catch {
       return

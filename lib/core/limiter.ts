@@ -120,7 +120,7 @@ function wire (options: LimiterOptions, time: Time): EngineParts {
     // A refund applied in Redis, already applied to this server's cached denials: the other servers'.
     refunded: async (specs) => { await remote?.changes?.refund(specs.map((s) => s.key), defaultTimeout) }
   })
-  const names = new KeyNames(prefix, options.keySecret, remote === undefined ? undefined : { client: remote.store.client, guard: remote.guard, logger })
+  const names = new KeyNames(prefix, options.keySecret, remote === undefined ? undefined : { store: remote.store, guard: remote.guard, logger })
   return { prefix, defaultTimeout, clock, memory, local, waiters, leases, metrics, remote, book, names }
 }
 

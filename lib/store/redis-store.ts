@@ -223,7 +223,13 @@ export class RedisStore implements Store, LeaseStore {
   }
 
   #ready (): void {
-    if (this.#redis.status !== 'ready') throw this.#down()
+    const down = this.notReady()
+    if (down !== undefined) throw down
+  }
+
+  /** Why a call cannot be sent now (asking a lazyConnect client to connect), or undefined when it can. */
+  notReady (): StoreError | undefined {
+    return this.#redis.status === 'ready' ? undefined : this.#down()
   }
 
   #down (): StoreError {
