@@ -14,6 +14,10 @@ import { TOKEN_BUCKET, TOKEN_BUCKET_BATCH } from '../lib/store/redis-store.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import { infoField, redisCommand, type RedisServer } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
+
+/** Keys named with no read from Redis, so a test can name a client's key (and find its master) before any call. */
+const KEY_SECRET = 'a key secret for these tests'
 
 const cluster = await startCluster({ masters: 3 })
 t.teardown(() => cluster.stop())
@@ -31,7 +35,7 @@ t.test('the decisions of one turn: one batch per client, each on its master, all
   t.teardown(() => client.disconnect())
   if (client.status !== 'ready') await once(client, 'ready')
   const prefix = uniquePrefix()
-  const limiter = createLimiter({ redis: client, prefix, denialCache: false, timeout: 2000 })
+  const limiter = createLimiter({ redis: client, prefix, denialCache: false, timeout: 2000, keySecret: KEY_SECRET })
   t.teardown(() => limiter.close())
   for (const master of masters) {
     for (const script of [TOKEN_BUCKET, TOKEN_BUCKET_BATCH]) await redisCommand(master, ['SCRIPT', 'LOAD', script.lua])
@@ -49,7 +53,7 @@ t.test('the decisions of one turn: one batch per client, each on its master, all
   }
   const slots = new Map<RedisServer, Set<number>>()
   for (const id of clients) {
-    const key = `${prefix}:{${id}}:b`
+    const key = keyUnder(KEY_SECRET, prefix, id, 'b')
     const owner = await cluster.masterFor(key)
     const mine = slots.get(owner) ?? new Set<number>()
     mine.add(slotOf(key))

@@ -23,6 +23,10 @@ import { createLimiter, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
 import { families } from './helpers/clients.js'
 import { startCluster } from './helpers/cluster.js'
+import { keyUnder } from './helpers/keys.js'
+
+/** Keys named with no read from Redis, so a test can name a client's key (and find its master) before any call. */
+const KEY_SECRET = 'a key secret for these tests'
 
 const TIMEOUT_MS = 250
 /** Timer and scheduling lateness on a loaded 2-core machine, on top of the deadline. */
@@ -55,10 +59,10 @@ for (const family of targets) {
       t.teardown(() => made.close())
       const clientId = `${family.label}-${how}`.replace(/[^A-Za-z0-9]/g, '-')
       const prefix = uniquePrefix()
-      const limiter = createLimiter({ redis: made.client, prefix, timeout: TIMEOUT_MS, breaker: { failures: 5, cooldownMs: 1000 } })
+      const limiter = createLimiter({ redis: made.client, prefix, timeout: TIMEOUT_MS, breaker: { failures: 5, cooldownMs: 1000 }, keySecret: KEY_SECRET })
       t.teardown(() => limiter.close())
       const policy: Policy = { bucket: 'f', capacity: 1e6, refillPerSecond: 1e3, failureMode: 'open' }
-      const victim = await cluster.masterFor(`${prefix}:{${clientId}}:f`)
+      const victim = await cluster.masterFor(keyUnder(KEY_SECRET, prefix, clientId, 'f'))
       await waitFor('a first store decision', async () => (await limiter.consume(clientId, policy)).source === 'store', 10_000)
 
       const seen: Seen[] = []

@@ -17,6 +17,7 @@ import type { Decision } from '../lib/index.js'
 import { buildApp } from './helpers/app.js'
 import { MODES, faultClient as client, modeApp, ownServer, type Mode } from './helpers/load.js'
 import type { TeardownTarget } from './helpers/redis.js'
+import { fleetKey } from './helpers/keys.js'
 
 const TIMEOUT_MS = 250
 const COOLDOWN_MS = 1000
@@ -171,7 +172,7 @@ t.test('the recovery counts only the outage\'s decisions, not earlier wrong-type
   const redis = client(t, server.url)
   const { app, prefix } = await modeApp(t, { redis, timeout: TIMEOUT_MS })
   const messages = subscribeAll(t)
-  await redis.hset(`${prefix}:{wrong}:GET /open`, 'tokens', '5')
+  await redis.hset(await fleetKey(redis, prefix, 'wrong', 'GET /open'), 'tokens', '5')
   for (let i = 0; i < 3; i++) t.equal((await send(app, 'open', 'wrong')).source, 'fail-open', 'a wrong-type key: fail-open, store healthy')
   t.same(messages.filter((m) => m.channel === 'tollgate:store'), [], 'no state change yet')
 

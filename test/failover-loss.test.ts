@@ -49,6 +49,7 @@ import { createLimiter, type Decision, type Limiter, type Policy } from '../lib/
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import { redisCommand, type RedisServer } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
 
 const CAPACITY = 5
 /** One token per 11.6 days: nothing refills during the test, every count is exact. */
@@ -60,6 +61,8 @@ const REFUSAL_WINDOW_BOUND_MS = (MAX_LAG_S + 2) * 1_000 + 3_000
 const cluster = await startCluster({ masters: 3, replicasPerMaster: 1 })
 t.teardown(() => cluster.stop())
 const prefix = uniquePrefix()
+/** Keys named with no read from Redis, so a test can name a client's key (and find its master) before any call. */
+const KEY_SECRET = 'a key secret for these tests'
 
 const policy = (capacity: number): Policy =>
   ({ bucket: 'pay', capacity, refillPerSecond: NO_REFILL, failureMode: 'closed' })
@@ -72,7 +75,7 @@ async function appServer (t: Test): Promise<Limiter> {
   })
   redis.on('error', () => {})
   if (redis.status !== 'ready') await once(redis, 'ready')
-  const limiter = createLimiter({ redis, prefix, timeout: 1_000 })
+  const limiter = createLimiter({ redis, prefix, timeout: 1_000, keySecret: KEY_SECRET })
   t.teardown(async () => {
     await limiter.close()
     redis.disconnect()
@@ -108,7 +111,7 @@ interface Slot {
 }
 
 async function slotOf (client: string): Promise<Slot> {
-  const master = await cluster.masterFor(`${prefix}:{${client}}:pay`)
+  const master = await cluster.masterFor(keyUnder(KEY_SECRET, prefix, client, 'pay'))
   const [replica] = await cluster.replicasOf(master)
   if (replica === undefined) throw new Error(`master ${master.port} has no replica`)
   return { client, master, replica }
@@ -130,7 +133,7 @@ function socketBufferCeiling (): number {
 async function backUpReplication (slot: Slot): Promise<number> {
   const chunk = 'x'.repeat(1 << 20)
   const mib = Math.ceil(socketBufferCeiling() / (1 << 20)) + 8
-  for (let i = 0; i < mib; i++) await redisCommand(slot.master, ['SET', `${prefix}:{${slot.client}}:pad${i}`, chunk])
+  for (let i = 0; i < mib; i++) await redisCommand(slot.master, ['SET', keyUnder(KEY_SECRET, prefix, slot.client, `pad${i}`), chunk])
   return mib
 }
 
@@ -149,7 +152,7 @@ async function crashAndPromote (t: Test, slot: Slot): Promise<void> {
   // Between the old master being flagged failed and the news of the promotion
   // reaching the node asked, no master serves the slot: keep asking.
   const owner = async (): Promise<RedisServer | undefined> =>
-    await cluster.masterFor(`${prefix}:{${slot.client}}:pay`).catch(() => undefined)
+    await cluster.masterFor(keyUnder(KEY_SECRET, prefix, slot.client, 'pay')).catch(() => undefined)
   while (await owner() !== slot.replica) {
     if (Date.now() > deadline) throw new Error('the replica was not promoted within 15 s')
     await sleep(50)
@@ -170,7 +173,7 @@ t.test('control: a master crash with its writes in the replica\'s socket buffer 
   // sync the master holds the command stream in its own memory until the
   // replica's first acknowledgement, and the crash loses it (CI runs saw 5).
   // One write, acknowledged, shows the stream flowing.
-  await redisCommand(slot.master, ['SET', `${prefix}:{${slot.client}}:streaming`, '1'])
+  await redisCommand(slot.master, ['SET', keyUnder(KEY_SECRET, prefix, slot.client, 'streaming'), '1'])
   await cluster.waitReplicated(slot.master)
   slot.replica.pause()
   t.same(await spend(before, slot.client, CAPACITY, CAPACITY + 1), { admitted: 5, denied: 1, failed: 0 }, '5 admitted, then empty')

@@ -50,6 +50,7 @@ import tollgate from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import type { RedisServer } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
 
 const TIMEOUT_MS = 250
 const DEADLINE_TOLERANCE_MS = 400
@@ -92,12 +93,16 @@ function client (t: Test): Cluster {
   return redis
 }
 
+/** Keys named with no read from Redis, so a test can name a client's key (and find its master) before any call. */
+const KEY_SECRET = 'a key secret for these tests'
+
 async function buildApp (t: Test, clientId: string): Promise<FastifyInstance> {
   const app = Fastify()
   t.teardown(() => app.close())
   await app.register(tollgate, {
     redis: client(t),
     prefix: uniquePrefix(),
+    keySecret: KEY_SECRET,
     // Never limited: every answer other than a store 200 is the failure mode at work.
     capacity: 1e6,
     refillPerSecond: 1e3,
@@ -172,7 +177,8 @@ const rateLimitHeaders = (s: Seen): string[] => Object.keys(s.headers).filter((h
 
 async function failover (t: Test, clientId: string, how: 'kill' | 'pause'): Promise<void> {
   const app = await buildApp(t, clientId)
-  const victim = await cluster.masterFor(`x:{${clientId}}:y`)
+  // Every key of the client lives in the slot of its hash tag, whatever the prefix and bucket.
+  const victim = await cluster.masterFor(keyUnder(KEY_SECRET, 'x', clientId, 'y'))
   const breakerEvents: string[] = []
   const onBreaker = (message: unknown): void => { breakerEvents.push((message as { state: string }).state) }
   diagnostics.subscribe('tollgate:breaker', onBreaker)

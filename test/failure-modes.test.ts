@@ -37,6 +37,7 @@ import {
 } from './helpers/load.js'
 import { startProxy } from './helpers/proxy.js'
 import { infoField, redisCommand } from './helpers/redis.js'
+import { fleetSecret, keyUnder } from './helpers/keys.js'
 
 const TIMEOUT_MS = 20
 const DEADLINE_TOLERANCE_MS = 300
@@ -200,7 +201,8 @@ t.test('a key of the wrong type: that request follows its failure mode, logged w
   t.teardown(() => diagnostics.unsubscribe('tollgate:breaker', onBreaker))
   // A generous deadline: a timeout here would be a real store failure.
   const { app, prefix } = await modeApp(t, { redis, timeout: 1000, logs })
-  const keyOf = (mode: Mode): string => `${prefix}:{wrong}:GET /${mode}`
+  const secret = await fleetSecret(redis, prefix)
+  const keyOf = (mode: Mode): string => keyUnder(secret, prefix, 'wrong', `GET /${mode}`)
   for (const mode of MODES) await redis.hset(keyOf(mode), 'tokens', '5')
 
   // One at a time, and more per route than the breaker's 5 failures.

@@ -36,6 +36,7 @@ import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import { drive, startFleet, type FleetServer } from './helpers/fleet.js'
 import { redisUrl } from './helpers/redis.js'
+import { fleetKey } from './helpers/keys.js'
 
 const SERVERS = 4
 const CAPACITY = 100
@@ -201,7 +202,7 @@ t.test('changes made on one server reach the others', async (t) => {
 
     t.test(`${store}: a refund on one server ends the others' cached denial it makes wrong`, async (t) => {
       const client = `${store}-refund`
-      const key = `${changePrefix}:{${client}}:changes`
+      const key = await fleetKey(direct[store], changePrefix, client, 'changes')
       const settledBefore = await settledOn(one)
       // Server 1 reserves the whole bucket and holds the request, then settles at 0: a refund of all of it.
       const held = one.get(`/${store}/settle`, { 'x-client': client, 'x-cost': String(SMALL), 'x-actual': '0', 'x-delay': '300' })

@@ -18,6 +18,7 @@ import { uniquePrefix } from './helpers/app.js'
 import { faultClient, ownServer } from './helpers/load.js'
 import { memoryLogger, type Answer } from './helpers/express.js'
 import { listenHono as listen } from './helpers/hono.js'
+import { keyUnder } from './helpers/keys.js'
 
 const TIMEOUT_MS = 50
 const DEADLINE_TOLERANCE_MS = 300
@@ -103,7 +104,9 @@ t.test('a killed, then restarted Redis; the console is the default logger', asyn
   t.teardown(() => Object.assign(console, saved))
   const redis = faultClient(t, server.url)
   const prefix = uniquePrefix()
-  const limit = rateLimit({ redis, prefix, capacity: 1000, refillPerSecond: 100, failureMode: 'open', timeout: TIMEOUT_MS })
+  // keySecret: the restarted Redis has lost a random secret, and the key is named below.
+  const keySecret = 'a key secret for this test'
+  const limit = rateLimit({ redis, prefix, capacity: 1000, refillPerSecond: 100, failureMode: 'open', timeout: TIMEOUT_MS, keySecret })
   t.teardown(() => limit.close())
   const ask = await modeApp(t, limit)
   t.same((await Promise.all(['open', 'closed', 'local'].map(ask))).map((s) => s.source), ['store', 'store', 'store'])
@@ -114,7 +117,7 @@ t.test('a killed, then restarted Redis; the console is the default logger', asyn
   const ms = await recovery(ask, COOLDOWN_MS + RECOVERY_TOLERANCE_MS + 1000)
   t.ok(ms < Infinity, `Redis decides again ${ms.toFixed(0)} ms after the restart`)
   // A key of the wrong type: that request fails open, logged as an error.
-  const key = `${prefix}:{127.0.0.1}:GET /open`
+  const key = keyUnder(keySecret, prefix, '127.0.0.1', 'GET /open')
   await redis.del(key)
   await redis.sadd(key, 'not a bucket')
   t.equal((await ask('open')).source, 'fail-open')

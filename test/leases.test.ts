@@ -16,6 +16,7 @@ import type { LeaseReply } from '../lib/store/store.js'
 import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
 import { startProxy } from './helpers/proxy.js'
 import { startRedisServer } from './helpers/redis.js'
+import { fleetKey, fleetKeyOf } from './helpers/keys.js'
 
 const server = await startRedisServer()
 t.teardown(() => server.stop())
@@ -41,6 +42,8 @@ async function newLimiter (tt: { teardown: (fn: () => unknown) => void }, option
   // A generous deadline: these tests are about leases, not about a slow store.
   const limiter = createLimiter({ redis, prefix, timeout: 2000, ...options })
   tt.teardown(() => limiter.close())
+  // Ready: the key secret is read, so the script calls a test counts are its decisions'.
+  await limiter.ready
   return { limiter, redis, prefix }
 }
 
@@ -49,7 +52,9 @@ function leased (bucket: string, capacity: number, refillPerSecond: number, toke
 }
 
 /** Tokens in a bucket as Redis holds it now (the key's full-at time against Redis TIME). */
-async function bucketTokens (key: string, capacity: number, refillPerSecond: number): Promise<number> {
+/** Tokens in the bucket `<prefix>:{<client>}:<bucket>` (its key under the fleet's secret), by Redis's clock. */
+async function bucketTokens (readableKey: string, capacity: number, refillPerSecond: number): Promise<number> {
+  const key = await fleetKeyOf(admin, readableKey)
   const replies = await admin.multi().get(key).time().exec()
   const [value, time] = (replies ?? []).map(([err, v]) => { if (err !== null) throw err; return v })
   if (value === null) return capacity
@@ -212,7 +217,7 @@ t.test('a lease call after SCRIPT FLUSH loads the script again: no request sees 
 
 t.test('a lease call Redis refuses for another reason than NOSCRIPT fails that call once, and is not sent again as EVAL', async (t) => {
   const { limiter, prefix } = await newLimiter(t)
-  const key = `${prefix}:{c}:wrongtype`
+  const key = await fleetKey(admin, prefix, 'c', 'wrongtype')
   await admin.hset(key, 'not', 'a bucket')
   const before = await scriptCalls(admin)
   const decision = await limiter.consume('c', leased('wrongtype', 100, NO_REFILL, 10, 60_000))
@@ -337,7 +342,7 @@ t.test('reset() drops the lease with the bucket', async (t) => {
   await limiter.consume('c', policy)
   t.equal((await limiter.consume('c', policy)).remaining, 98, '2 spent')
   await limiter.reset('c', 'api')
-  t.equal(await admin.exists(key), 0, 'the key is gone')
+  t.equal(await admin.exists(await fleetKeyOf(admin, key)), 0, 'the key is gone')
   const after = await limiter.consume('c', policy)
   t.match(after, { source: 'store', remaining: 99 }, 'the old lease is not spent from: a fresh batch from a full bucket')
   near(t, await bucketTokens(key, 100, NO_REFILL), 90, 1e-5, 'Redis: one batch of 10 out')

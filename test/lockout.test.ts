@@ -14,6 +14,7 @@ import { lockKey, type ExtSpec } from '../lib/store/store.js'
 import { buildApp } from './helpers/app.js'
 import { redisMicros, scriptCalls } from './helpers/model.js'
 import { startRedisServer } from './helpers/redis.js'
+import { fleetKey } from './helpers/keys.js'
 
 const server = await startRedisServer()
 t.teardown(() => server.stop())
@@ -67,7 +68,7 @@ t.test('reset clears the block and the count; a peek sees the block and writes n
   const peek = await limiter.peek('alice', policy)
   t.same([peek.allowed, peek.locked], [false, true], 'a peek sees the block')
   await limiter.reset('alice', 'login')
-  t.equal(await admin.exists(`lock${prefixes}:{alice}:login!lockout`), 0, 'the lockout key is gone')
+  t.equal(await admin.exists(lockKey(await fleetKey(admin, `lock${prefixes}`, 'alice', 'login'))), 0, 'the lockout key is gone')
   t.same(shape([await limiter.consume('alice', policy)]), [[true, false]], 'allowed again')
 })
 
@@ -86,7 +87,8 @@ t.test('a block read as further away than forMs (Redis\'s clock stepped back) co
   const prefix = `lock${++prefixes}`
   const limiter = createLimiter({ redis: await connect(t), prefix, timeout: 1000, denialCache: false })
   t.teardown(() => limiter.close())
-  const key = lockKey(`${prefix}:{alice}:login`)
+  await limiter.ready
+  const key = lockKey(await fleetKey(admin, prefix, 'alice', 'login'))
   await admin.set(key, String(-(await redisMicros(admin) + 3600e6)))
   const peek = await limiter.peek('alice', login)
   t.ok(peek.retryAfterMs <= 300, `a peek reads it as at most forMs (${peek.retryAfterMs})`)
@@ -181,7 +183,7 @@ t.test('a step back of Redis\'s clock costs at most one counting period: denials
     const limiter = createLimiter({ redis: await connect(t), prefix, timeout: 1000 })
     t.teardown(() => limiter.close())
     t.equal((await limiter.consume('alice', policy)).allowed, true, `${name}: the bucket's one token`)
-    await write(lockKey(`${prefix}:{alice}:login`))
+    await write(lockKey(await fleetKey(admin, prefix, 'alice', 'login')))
     const got: Decision[] = []
     for (let i = 0; i < 3; i++) {
       if (i > 0) await sleep(300)
@@ -196,8 +198,8 @@ t.test('a count stored by the earlier encoding is read, its period from the key\
   const limiter = createLimiter({ redis: await connect(t), prefix, timeout: 1000 })
   t.teardown(() => limiter.close())
   const policy: Policy = { ...login, lockout: { after: 3, withinMs: 60_000, forMs: 60_000 } }
-  const key = lockKey(`${prefix}:{alice}:login`)
   await limiter.consume('alice', policy)
+  const key = lockKey(await fleetKey(admin, prefix, 'alice', 'login'))
   await admin.set(key, '1', 'PX', 50_000) // one denial, 10 s ago
   const before = await redisMicros(admin)
   t.same(shape([await limiter.consume('alice', policy)]), [[false, false]], 'the second denial')

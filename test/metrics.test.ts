@@ -17,12 +17,15 @@ import { MeterProvider, MetricReader, type CollectionResult } from '@opentelemet
 import Fastify from 'fastify'
 import t from 'tap'
 import tollgate, { createLimiter, type Decision, type MetricsMeter, type Policy } from '../lib/index.js'
-import { clientId } from '../lib/core/keys.js'
 import { DURATION_BOUNDARIES_MS, Metrics } from '../lib/core/metrics.js'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import { faultClient, ownServer } from './helpers/load.js'
 import { ROOT } from './helpers/readme.js'
 import type { TeardownTarget } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
+
+/** Keys named with no read from Redis: every store call these tests count is a decision's. */
+const KEY_SECRET = 'metrics tests key secret'
 
 const TIMEOUT_MS = 250
 const COOLDOWN_MS = 500
@@ -95,7 +98,7 @@ t.test('a bad `metrics` option is a coded TypeError, on the limiter and the plug
 t.test('store decisions: allowed, denied by Redis, denied from the cache; one duration per store call', async (t) => {
   const redis = await sharedRedis(t)
   const { meter, read } = sdkMeter(t)
-  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: TIMEOUT_MS, metrics: { meter } })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: TIMEOUT_MS, metrics: { meter }, keySecret: KEY_SECRET })
   t.teardown(() => limiter.close())
   const login: Policy = { bucket: 'login', capacity: 2, refillPerSecond: 0.001, failureMode: 'open' }
   const search: Policy = { bucket: 'search', capacity: 5, refillPerSecond: 0.001, failureMode: 'open' }
@@ -143,7 +146,7 @@ t.test('a frozen Redis: timeouts, fail-open, fail-closed and local decisions, th
   const redis = faultClient(t, server.url)
   await redis.ping() // connected: a call before that fails at once
   const { meter, read } = sdkMeter(t)
-  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: TIMEOUT_MS, breaker: { failures: 2, cooldownMs: COOLDOWN_MS }, metrics: { meter } })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: TIMEOUT_MS, breaker: { failures: 2, cooldownMs: COOLDOWN_MS }, metrics: { meter }, keySecret: KEY_SECRET })
   t.teardown(() => limiter.close())
   const open: Policy = { bucket: 'open', capacity: 100, refillPerSecond: 1, failureMode: 'open' }
   const closed: Policy = { bucket: 'closed', capacity: 100, refillPerSecond: 1, failureMode: 'closed' }
@@ -207,11 +210,11 @@ t.test('a store error has its own outcome', async (t) => {
   const redis = await sharedRedis(t)
   const { meter, read } = sdkMeter(t)
   const prefix = uniquePrefix()
-  const limiter = createLimiter({ redis, prefix, timeout: TIMEOUT_MS, metrics: { meter } })
+  const limiter = createLimiter({ redis, prefix, timeout: TIMEOUT_MS, metrics: { meter }, keySecret: KEY_SECRET })
   t.teardown(() => limiter.close())
   const policy: Policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'open' }
   // A key of the wrong type (buckets are strings): Redis answers WRONGTYPE, the call fails open.
-  await redis.hset(`${prefix}:{${clientId('alice')}}:b`, 'tokens', '5')
+  await redis.hset(keyUnder(KEY_SECRET, prefix, 'alice', 'b'), 'tokens', '5')
   t.equal((await limiter.consume('alice', policy)).source, 'fail-open')
   const snapshot = await read()
   t.same(Object.keys(snapshot['tollgate.store.duration'] ?? {}), ['outcome=error'])

@@ -12,6 +12,7 @@ import { createLimiter, type Policy, type TollgateOptions } from '../lib/index.j
 import { buildApp, captureLogs, keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { infoField, redisCommand, redisUrl, startRedisServer } from './helpers/redis.js'
 import { isOptionError, registerError, routeError, type Expected } from './unit/helpers/option-error.js'
+import { fleetSecret, keyUnder } from './helpers/keys.js'
 
 await redisUrl(t)
 
@@ -320,9 +321,10 @@ t.test('a failing key, cost or allow function: the generic 500, a log line namin
     }
     return calls
   }
-  // The start-up peek and probe (lib/store/redis-store.ts warm) are the only script calls so far.
+  // The start-up peek and probe (lib/store/redis-store.ts warm) and the key
+  // secret's read (lib/core/key-secret.ts) are the script calls so far.
   const before = await evals()
-  t.equal(before, 2, 'the start-up peek and probe')
+  t.equal(before, 3, 'the start-up peek, probe and the key secret\'s read')
   for (const [url, , message] of routes) {
     const res = await app.inject(url)
     t.equal(res.statusCode, 500, url)
@@ -350,7 +352,8 @@ t.test('a key of the wrong type under the prefix is a store failure for that req
       app.get('/fine', echo)
     }
   })
-  const keyOf = (route: string) => `${prefix}:{127.0.0.1}:GET ${route}`
+  const secret = await fleetSecret(inspect, prefix)
+  const keyOf = (route: string): string => keyUnder(secret, prefix, '127.0.0.1', `GET ${route}`)
   for (const route of ['/open', '/closed', '/local']) await inspect.hset(keyOf(route), 'tokens', '5')
 
   const open = await app.inject('/open')

@@ -10,6 +10,7 @@ import { Redis } from 'ioredis'
 import tollgate, { type Decision } from '../lib/index.js'
 import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
+import { fleetKey, fleetSecret, keyUnder } from './helpers/keys.js'
 
 // Hold the shared Redis for the whole file, so subtests reuse one server.
 await redisUrl(t)
@@ -109,7 +110,8 @@ t.test('an array of policies: all must pass, a denied request spends from none',
       }, async () => 'x')
     }
   })
-  const key = (bucket: string): string => `${prefix}:{${IP}}:${bucket}`
+  const secret = await fleetSecret(inspect, prefix)
+  const key = (bucket: string): string => keyUnder(secret, prefix, IP, bucket)
 
   const first = await app.inject('/first-denies')
   t.equal(first.statusCode, 200)
@@ -242,7 +244,7 @@ t.test('app.tollgate: consume, peek and reset inside a handler', async (t) => {
   const denied = await attempt('alice')
   t.equal(denied.statusCode, 429)
 
-  const key = `${prefix}:{user:alice}:login`
+  const key = await fleetKey(inspect, prefix, 'user:alice', 'login')
   const before = await stored(inspect, key)
   const peeked = await app.tollgate.peek('user:alice', login)
   t.match(peeked, { allowed: false, remaining: 0, source: 'store', bucket: 'login' })

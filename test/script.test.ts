@@ -10,7 +10,6 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
-import { clientId } from '../lib/core/keys.js'
 import { createLimiter } from '../lib/core/limiter.js'
 import { checkPolicy } from '../lib/core/policy.js'
 import { MAX_CAPACITY, MIN_REFILL } from '../lib/core/options.js'
@@ -18,6 +17,7 @@ import { RedisStore } from '../lib/store/redis-store.js'
 import { bucketState, wholeTokens } from '../lib/store/store.js'
 import { ScriptRunner, redisMicros, uniqueKey, uniqueTag, type ScriptSpec, type TimedReply } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
 
 const url = await redisUrl(t)
 const redis = new Redis(url)
@@ -364,12 +364,13 @@ t.test('a step back of Redis\'s clock costs at most one window, not the size of 
   // Before the clamp, a capacity-10, 1/s bucket answered Retry-After 3592 s.
   const HOUR_US = 3600e6
   const prefix = `test-step-${process.pid}`
-  const limiter = createLimiter({ redis, prefix, denialCache: false })
+  const keySecret = 'a key secret for this test'
+  const limiter = createLimiter({ redis, prefix, denialCache: false, keySecret })
   t.teardown(() => limiter.close())
   const policy = { bucket: 'api', capacity: 10, refillPerSecond: 1, failureMode: 'closed' } as const
   const windowMs = 10_000
   const stepBack = async (client: string, bucket: string): Promise<string> => {
-    const key = `${prefix}:{${clientId(client)}}:${bucket}`
+    const key = keyUnder(keySecret, prefix, client, bucket)
     await redis.set(key, String(await redisMicros(redis) + HOUR_US), 'PX', 2 * 3600e3)
     return key
   }

@@ -30,6 +30,7 @@ import { uniquePrefix } from './helpers/app.js'
 import { startFleet, type Reply } from './helpers/fleet.js'
 import { randomSource } from './helpers/model.js'
 import { redisUrl } from './helpers/redis.js'
+import { fleetKey } from './helpers/keys.js'
 
 const SERVERS = 4
 const PER_SERVER = 2
@@ -59,7 +60,8 @@ const servers = await startFleet(t, SERVERS, {
   failureMode: 'closed',
   timeout: 2000
 })
-const key = `${prefix}:{fleet}:settled`
+// The servers' start-up created the fleet's key secret.
+const key = await fleetKey(redis, prefix, 'fleet', 'settled')
 
 interface Sent { reply: Reply, cost: number, actual: number }
 

@@ -11,6 +11,7 @@ import t from 'tap'
 import tollgate, { createLimiter, type Policy } from '../lib/index.js'
 import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
+import { fleetKey } from './helpers/keys.js'
 
 await redisUrl(t)
 
@@ -138,7 +139,7 @@ t.test('several policies settle together; a refund clears the cached denial it m
   t.equal(after.statusCode, 200, 'the refund is seen at once, not after the cached denial (1000 s)')
   t.equal(after.body, 'store')
   await settled(4)
-  const keys = [`${prefix}:{127.0.0.1}:burst`, `${prefix}:{127.0.0.1}:day`]
+  const keys = await Promise.all(['burst', 'day'].map((bucket) => fleetKey(inspect, prefix, '127.0.0.1', bucket)))
   const [burst, day] = await Promise.all(keys.map(async (k) => await inspect.pttl(k)))
   t.ok((burst as number) > 900_000 && (day as number) > 900_000, 'both buckets hold the one settled request (1 token at 0.001/s: 1000 s)')
 })

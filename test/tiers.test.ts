@@ -9,6 +9,7 @@ import type { FastifyRequest } from 'fastify'
 import { buildApp } from './helpers/app.js'
 import { redisUrl } from './helpers/redis.js'
 import type { Tier } from '../lib/index.js'
+import { fleetKey } from './helpers/keys.js'
 
 await redisUrl(t)
 
@@ -73,7 +74,7 @@ t.test('a plan change keeps the bucket: the time until full is kept, read under 
   const downgraded = await hit('down', 'free')
   t.equal(downgraded.statusCode, 429)
   t.equal(downgraded.headers['retry-after'], '10', 'one free token, not the 40 s left of the pro usage')
-  const key = `${prefix}:{down}:GET /api`
+  const key = await fleetKey(inspect, prefix, 'down', 'GET /api')
   const [fullAt, time] = await Promise.all([inspect.get(key), inspect.time()])
   const aheadS = (Number(fullAt) - (Number(time[0]) * 1e6 + Number(time[1]))) / 1e6
   t.ok(aheadS > 19 && aheadS <= 20.01, `full again in ${aheadS.toFixed(3)} s: one free window`)

@@ -21,7 +21,7 @@ import {
 } from './decisions.js'
 import type { Guard } from './guard.js'
 import { LeaseFlights, type LeaseBook, type LeaseCalls } from './lease.js'
-import { clientId } from './keys.js'
+import type { KeyNames } from './key-secret.js'
 import type { Metrics } from './metrics.js'
 import type { Remote } from './remote.js'
 import type { Settlements } from './settle.js'
@@ -48,6 +48,8 @@ export interface EngineParts {
   readonly remote: Remote | undefined
   /** Reservations and their settlement (lib/core/settle.ts), over the same stores. */
   readonly book: Settlements
+  /** How keys are named (lib/core/key-secret.ts). */
+  readonly names: KeyNames
 }
 
 type Lease = NonNullable<Policy['lease']>
@@ -67,7 +69,7 @@ export class Engine {
 
   /** The key of each policy's bucket for this client, with the cost to spend. */
   specsOf (clientKey: string, list: readonly Policy[], costs: Costs): BucketSpec[] {
-    const id = clientId(clientKey)
+    const id = this.#parts.names.clientPart(clientKey)
     const specs: BucketSpec[] = []
     for (let i = 0; i < list.length; i++) {
       const policy = list[i] as Policy
@@ -77,8 +79,19 @@ export class Engine {
     return specs
   }
 
+  /** The key of `bucket` for a client part (KeyNames.clientPart). */
   keyOf (id: string, bucket: string): string {
-    return `${this.#parts.prefix}:{${id}}:${bucket}`
+    return this.#parts.names.keyOf(id, bucket)
+  }
+
+  /**
+   * Until the fleet's key secret is known (lib/core/key-secret.ts), each
+   * call first waits for one read of it, within its deadline; if that
+   * fails, the store is held, so the call follows its failure mode.
+   */
+  #named (timeoutMs: number): Promise<void> | undefined {
+    const names = this.#parts.names
+    return names.known ? undefined : names.load(timeoutMs)
   }
 
   /**
@@ -87,19 +100,28 @@ export class Engine {
    * reservations take a path of their own (the extras, below).
    */
   decide (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean): Promise<Decision> {
+    const naming = this.#named(timeoutOf(list, this.#parts.defaultTimeout))
+    if (naming !== undefined) return naming.then(() => this.#decide(clientKey, list, costs, consume))
+    return this.#decide(clientKey, list, costs, consume)
+  }
+
+  #decide (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean): Promise<Decision> {
     if (special(list)) return this.#extras(clientKey, list, costs, consume).then((decision) => this.#published(clientKey, decision))
     return this.#plain(clientKey, list, costs, consume, (decision) => this.#published(clientKey, decision))
   }
 
   async reserve (clientKey: string, list: readonly Policy[], costs: Costs): Promise<Reservation> {
+    await this.#named(timeoutOf(list, this.#parts.defaultTimeout))
     const reservation = await this.#book.reserve(list, this.specsOf(clientKey, list, costs))
     this.#published(clientKey, reservation.decision)
     return reservation
   }
 
-  /** Forgets a bucket everywhere: in Redis, in this process, and on every server of the fleet. */
-  async reset (key: string): Promise<void> {
+  /** Forgets a client's bucket everywhere: in Redis, in this process, and on every server of the fleet. */
+  async reset (clientKey: string, bucket: string): Promise<void> {
     const { local, memory, leases, defaultTimeout } = this.#parts
+    await this.#named(defaultTimeout)
+    const key = this.keyOf(this.#parts.names.clientPart(clientKey), bucket)
     await local.reset(key)
     await memory.reset(key)
     leases.forget(key)

@@ -5,9 +5,9 @@
 
 export { StoreError } from '../store/errors.js'
 
-/** An invalid option: a TypeError naming the option, the value and what is expected. */
-export function optionError (name: string, value: unknown, expected: string): TypeError {
-  const err = new TypeError(`tollgate: \`${name}\` must be ${expected}, got ${describe(value)}`)
+/** An invalid option: a TypeError naming the option, the value (or `shown`, for a secret) and what is expected. */
+export function optionError (name: string, value: unknown, expected: string, shown = describe(value)): TypeError {
+  const err = new TypeError(`tollgate: \`${name}\` must be ${expected}, got ${shown}`)
   Object.defineProperty(err, 'code', { value: 'TOLLGATE_INVALID_OPTION', enumerable: true })
   return err
 }

@@ -96,6 +96,8 @@ export class Guard {
   /** Clock time at which the open breaker lets a probe through; undefined while closed. */
   #openUntil: number | undefined
   #probing = false
+  /** While set, no call reaches the store: each fails with it at once (see hold). */
+  #held: StoreError | undefined
 
   constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver, report: GuardReport = {}) {
     this.#store = store
@@ -123,6 +125,7 @@ export class Guard {
    * missed the deadline, or was skipped by the open breaker. Never rejects.
    */
   decide<R> (specs: readonly BucketSpec[], consume: boolean, timeoutMs: number, ok: (reply: StoreReply, sentAt: number) => R, fail: () => R): Promise<R> {
+    if (this.#held !== undefined) return Promise.resolve(fail())
     const probe = this.#admit()
     if (probe === undefined) return Promise.resolve(fail())
     return new Promise<R>((resolve) => {
@@ -132,20 +135,28 @@ export class Guard {
     })
   }
 
-  /** Any store call through the deadline and the breaker; rejects with a StoreError. */
-  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[]): Promise<T> {
+  /**
+   * Any store call through the deadline and the breaker; rejects with a
+   * StoreError. `secretRead`: the key secret's read (lib/core/key-secret.ts),
+   * sent while held too (see hold); its success shows Redis answers, not that
+   * it runs the decisions' scripts, so it neither closes the breaker nor ends
+   * an outage (its failure counts as any call's).
+   */
+  run<T> (call: () => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], secretRead = false): Promise<T> {
+    if (this.#held !== undefined && !secretRead) return Promise.reject(this.#held)
     const probe = this.#admit()
     if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
     return new Promise<T>((resolve, reject) => {
       this.#watch((sent) => {
         sent()
         return call()
-      }, timeoutMs, specs, probe, resolve, reject)
+      }, timeoutMs, specs, probe, resolve, reject, !secretRead)
     })
   }
 
   /** Deletes a key in the store, under the same deadline; failures reject. */
   async reset (key: string, timeoutMs: number): Promise<void> {
+    if (this.#held !== undefined) throw this.#held
     try {
       await this.#deadlines.wrap(this.#store.reset(key), timeoutMs)
     } catch (cause) {
@@ -166,6 +177,17 @@ export class Guard {
    */
   down (err: StoreError, message?: string): void {
     this.#turnFailing(err, message)
+  }
+
+  /**
+   * Holds every call (`err`), or lets them through again (undefined): while
+   * the keys cannot be named as the fleet names them (lib/core/key-secret.ts),
+   * a call would spend from a bucket no other server sees. Held calls fail
+   * at once, as the open breaker's do, counting nothing towards it; a call
+   * of `run` with `evenHeld` (the read that ends the hold) is sent.
+   */
+  hold (err: StoreError | undefined): void {
+    this.#held = err
   }
 
   /** Stops the outage summary's timer. */
@@ -192,7 +214,7 @@ export class Guard {
    * without sending) settles at once.
    */
   #watch<T> (call: (sent: () => void) => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
-    done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void): void {
+    done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void, proves = true): void {
     let deadline: Deadline | undefined
     const start = (): Deadline => {
       if (deadline !== undefined) return deadline
@@ -214,7 +236,8 @@ export class Guard {
       const started = start()
       if (!this.#deadlines.settle(started)) return
       this.#observer?.call(this.#clock() - started.startedAt, 'ok')
-      this.#succeeded()
+      if (proves) this.#succeeded()
+      else if (probe) this.#probing = false
       done(value, started.startedAt)
     }, (cause: unknown) => {
       const started = start()

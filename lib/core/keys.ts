@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto'
+import { createHash, createHmac } from 'node:crypto'
 import { isIPv6 } from 'node:net'
 
 const SAFE_ID = /^[A-Za-z0-9._:-]{1,64}$/
@@ -8,12 +8,12 @@ const LONE_SURROGATE = /\p{Cs}/u
 const NOT_UTF8 = Buffer.of(0xff)
 
 /**
- * The client part of a key, safe to put inside a Redis Cluster hash tag:
- * ids of up to 64 bytes from [A-Za-z0-9._:-] are kept as they are; any
+ * The client part of a key, after its hash tag (see hashTag), readable for
+ * an operator: ids of up to 64 bytes from [A-Za-z0-9._:-] are kept as they are; any
  * other id (longer, binary, with braces, newlines, spaces, empty) becomes
  * '#' and 26 base64url characters of its SHA-256. '#' never appears in a
  * kept id, so a hashed id cannot collide with a kept one, and no input can
- * leave the hash tag, pick its slot, or make the key long.
+ * open a hash tag of its own or make the key long.
  *
  * Why two encodings: the hash must see distinct ids as distinct bytes.
  * UTF-8 does for every well-formed string, and it is what earlier versions
@@ -29,6 +29,21 @@ export function clientId (id: string): string {
   if (LONE_SURROGATE.test(id)) hash.update(NOT_UTF8).update(id, 'utf16le')
   else hash.update(id, 'utf8')
   return '#' + hash.digest('base64url').slice(0, 26)
+}
+
+/** Characters of a hash tag: 48 bits of an HMAC, against the 14 bits of a Cluster slot. */
+export const TAG_LENGTH = 8
+
+/**
+ * The hash tag of a client, from its client part (`clientId`): the first
+ * characters of an HMAC-SHA256 of it under the fleet's secret
+ * (lib/core/key-secret.ts), in base64url. The slot is the CRC16 of the tag,
+ * so whoever does not know the secret cannot tell which ids share a slot,
+ * nor choose ids that do. The tag only places the key: the client part
+ * after it keeps distinct ids apart, whatever two tags have in common.
+ */
+export function hashTag (secret: Buffer, id: string): string {
+  return createHmac('sha256', secret).update(id).digest('base64url').slice(0, TAG_LENGTH)
 }
 
 /**

@@ -6,7 +6,7 @@ import { Engine, type EngineParts } from './engine.js'
 import { Guard } from './guard.js'
 import { Invalidations } from './invalidation.js'
 import { LeaseBook } from './lease.js'
-import { clientId } from './keys.js'
+import { KeyNames, WARM_TIMEOUT_MS } from './key-secret.js'
 import { MemoryStore } from '../store/memory-store.js'
 import { Metrics } from './metrics.js'
 import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyString, positiveNumber } from './options.js'
@@ -80,6 +80,7 @@ export function createCore (options: LimiterOptions = {}, time: Time = realTime)
     warming ??= (async () => {
       const refused = await parts.remote?.store.warm(`${parts.prefix}:warm`)
       if (refused !== undefined) guard?.down(refused)
+      else await parts.names.load(WARM_TIMEOUT_MS)
     })()
     return warming
   }
@@ -119,7 +120,8 @@ function wire (options: LimiterOptions, time: Time): EngineParts {
     // A refund applied in Redis, already applied to this server's cached denials: the other servers'.
     refunded: async (specs) => { await remote?.changes?.refund(specs.map((s) => s.key), defaultTimeout) }
   })
-  return { prefix, defaultTimeout, clock, memory, local, waiters, leases, metrics, remote, book }
+  const names = new KeyNames(prefix, options.keySecret, remote === undefined ? undefined : { store: remote.store, guard: remote.guard, logger })
+  return { prefix, defaultTimeout, clock, memory, local, waiters, leases, metrics, remote, book, names }
 }
 
 /** The Redis store with its guard, its denial cache and the fleet's change channel. */
@@ -190,7 +192,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
     async reset (clientKey, bucket) {
       nonEmptyString(bucket, 'bucket')
       checkCall(clientKey, [], undefined)
-      await engine.reset(engine.keyOf(clientId(clientKey), bucket))
+      await engine.reset(clientKey, bucket)
     },
     close: () => engine.close(),
     get state () {

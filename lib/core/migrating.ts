@@ -30,7 +30,7 @@ const ORDER: Readonly<Record<Adapter, readonly Library[]>> = {
 }
 
 /** Options of an adapter (or of createLimiter) itself, never of a route or a policy. */
-const INSTANCE = new Set(['redis', 'prefix', 'ipv6Subnet', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'warnings', 'logger', 'global', 'notFound'])
+const INSTANCE = new Set(['redis', 'prefix', 'keySecret', 'ipv6Subnet', 'breaker', 'denialCache', 'metrics', 'maxWaiters', 'warnings', 'logger', 'global', 'notFound'])
 
 /** Where an option that is not valid here is set instead, per adapter. */
 const ELSEWHERE: Readonly<Record<Adapter, { instance: string, policy: string }>> = {

@@ -130,6 +130,19 @@ export function keyPrefix (value: unknown, name: string): string {
   return value
 }
 
+/** Fewest characters of `keySecret`: 16 random characters carry at least 64 bits (docs/reference/keys.md). */
+export const MIN_KEY_SECRET = 16
+
+/** `keySecret`: a string of at least MIN_KEY_SECRET characters, the same on every server of a fleet. */
+export function keySecret (value: unknown, name: string): string {
+  if (typeof value !== 'string' || value.length < MIN_KEY_SECRET) {
+    // A secret is never written to a log: a string is shown by its length.
+    const shown = typeof value === 'string' ? `a string of ${value.length} characters` : describe(value)
+    throw optionError(name, value, `a string of at least ${MIN_KEY_SECRET} characters, the same on every server of the fleet`, shown)
+  }
+  return value
+}
+
 export function ipv6Subnet (value: unknown, name: string): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 128) {
     throw optionError(name, value, 'an integer from 1 to 128')

@@ -4,7 +4,7 @@
 import { optionError } from './errors.js'
 import type { Adapter } from './migrating.js'
 import {
-  FAILURE_MODES, MAX_WINDOW_US, batch, breaker, parseFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, localPolicy, lockout,
+  FAILURE_MODES, MAX_WINDOW_US, batch, breaker, parseFields, deadlineMs, denialCache, lease, isBoolean, isRecord, keyPrefix, keySecret, localPolicy, lockout,
   metricsOption, maxWaitMs, nonEmptyString, oneOf, outageSummaryMs, positiveInteger, positiveNumber, redisClient, storableBucket
 } from './options.js'
 import type { Logger, Policy } from './types.js'
@@ -17,6 +17,7 @@ export function checkLimiterOptions (options: Record<string, unknown>): void {
 const LIMITER_CHECKS = {
   redis: redisClient,
   prefix: keyPrefix,
+  keySecret,
   timeout: deadlineMs,
   breaker,
   denialCache,

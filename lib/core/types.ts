@@ -142,6 +142,12 @@ export interface LimiterOptions {
   redis?: RedisClient | undefined
   /** Redis key prefix, default 'tollgate'. */
   prefix?: string | undefined
+  /**
+   * The secret of the keys' hash tags, the same on every server of the fleet
+   * (at least 16 characters); default: a random one kept in Redis
+   * (docs/reference/keys.md).
+   */
+  keySecret?: string | undefined
   /** Default deadline for one store decision, ms (default 10). */
   timeout?: number | undefined
   breaker?: Partial<BreakerOptions> | undefined

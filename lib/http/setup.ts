@@ -9,7 +9,7 @@ import type { RedisClient, StoreClient } from '../store/client.js'
 import { storeClient } from '../store/clients/index.js'
 import { createCore, type Core } from '../core/limiter.js'
 import {
-  DEFAULT_PREFIX, batch, breaker, denialCache, ipv6Subnet, keyPrefix, metricsOption, outageSummaryMs, positiveInteger, redisClient
+  DEFAULT_PREFIX, batch, breaker, denialCache, ipv6Subnet, keyPrefix, keySecret, metricsOption, outageSummaryMs, positiveInteger, redisClient
 } from '../core/options.js'
 import type { LimiterOptions, Logger } from '../core/types.js'
 
@@ -19,6 +19,7 @@ type Check = (value: unknown, name: string) => void
 export const STORE_CHECKS: Record<string, Check> = {
   redis: redisClient,
   prefix: keyPrefix,
+  keySecret,
   ipv6Subnet,
   breaker,
   denialCache,
@@ -33,6 +34,7 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
   return createCore({
     redis: options.redis,
     prefix: options.prefix ?? DEFAULT_PREFIX,
+    keySecret: options.keySecret,
     timeout: options.timeout,
     breaker: options.breaker,
     denialCache: options.denialCache,

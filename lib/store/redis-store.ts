@@ -272,8 +272,15 @@ export class RedisStore implements Store, LeaseStore {
   }
 
   #ready (): void {
-    if (this.#redis.status !== 'ready') throw this.#down()
+    const down = this.notReady()
+    if (down !== undefined) throw down
+  }
+
+  /** Why a call cannot be sent now (asking a lazyConnect client to connect), or undefined when it can. */
+  notReady (): StoreError | undefined {
+    if (this.#redis.status !== 'ready') return this.#down()
     this.#connected = true
+    return undefined
   }
 
   /**

@@ -7,6 +7,7 @@ import { Writable } from 'node:stream'
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate, { type TollgateOptions } from '../../lib/index.js'
+import { isSecretKey, readable, secretKey } from './keys.js'
 import { redisUrl, type TeardownTarget } from './redis.js'
 
 /** A prefix no other app uses: `t-<16 hex>`, valid for the `prefix` option. */
@@ -28,7 +29,12 @@ export async function sharedRedis (t: TeardownTarget): Promise<Redis> {
   return redis
 }
 
-/** Every key under `prefix`, sorted. SCAN, never KEYS, so it is safe on a shared Redis. */
+/**
+ * Every bucket key under `prefix`, sorted, written `<prefix>:{<client part>}:<bucket>`
+ * once its hash tag is checked against the fleet's key secret (test/helpers/keys.ts
+ * readable); the secret's own key is left out. SCAN, never KEYS, so it is safe on a
+ * shared Redis.
+ */
 export async function keysUnder (redis: Redis, prefix: string): Promise<string[]> {
   const found: string[] = []
   let cursor = '0'
@@ -37,7 +43,8 @@ export async function keysUnder (redis: Redis, prefix: string): Promise<string[]
     cursor = next
     found.push(...batch)
   } while (cursor !== '0')
-  return found.sort()
+  const secret = await redis.get(secretKey(prefix)) ?? undefined
+  return found.filter((key) => !isSecretKey(key, prefix)).map((key) => readable(key, secret, prefix)).sort()
 }
 
 /** Log lines of an app, parsed from pino's JSON output. */

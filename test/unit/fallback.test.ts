@@ -9,7 +9,8 @@ import t from 'tap'
 import { Guard, provesAlive } from '../../lib/core/guard.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
 import { FakeTime, settled } from './helpers/fake-time.js'
-import { FailingStore, engineOver, everyOn } from './helpers/failing-store.js'
+import { FailingStore, UNIT_KEY_SECRET, engineOver, everyOn } from './helpers/failing-store.js'
+import { keyUnder } from '../helpers/keys.js'
 import { memoryLog, type Test } from './helpers/option-error.js'
 
 const open: Policy = { bucket: 'open', capacity: 5, refillPerSecond: 1, failureMode: 'open' }
@@ -143,7 +144,7 @@ t.test('a reply error of a live server fails that call only: the breaker stays c
   t.equal(guard.state, 'healthy')
   t.equal(guard.cooldownLeftMs, 0)
   t.equal(lines.length, 5)
-  t.match(lines[0], { level: 'error', msg: 'rate limit key holds a value of the wrong type', obj: { keys: ['tollgate:{a}:closed'] } })
+  t.match(lines[0], { level: 'error', msg: 'rate limit key holds a value of the wrong type', obj: { keys: [keyUnder(UNIT_KEY_SECRET, 'tollgate', 'a', 'closed')] } })
 })
 
 t.test('provesAlive: only a reply error of a server that can serve is a sign of life', async (t) => {
@@ -209,4 +210,15 @@ t.test('lockouts and waits on a failing store: local decides with its lockout; o
   t.match(await engine.decide('u', [{ ...pin, failureMode: 'closed', local: undefined }], undefined, true), { allowed: false, source: 'fail-closed' })
   t.match(await engine.decide('u', [{ ...pin, failureMode: 'open', local: undefined, lockout: undefined, maxWaitMs: 100 }], undefined, true), { allowed: true, source: 'fail-open' })
   t.equal(store.calls, 4, 'each of them asked the store first')
+})
+
+t.test('the key secret\'s read, as the half-open probe: its success neither closes the breaker nor blocks the next probe', async (t) => {
+  const { store, decide, guard, time } = setup(t, { breaker: { failures: 1, cooldownMs: 1000 } })
+  t.match(await decide('a', [closed]), { source: 'fail-closed' }, 'one failure opens the breaker')
+  await time.advance(1000)
+  store.behaviour = 'answer'
+  t.equal(await guard.run(async () => 'secret', 100, [], true), 'secret', 'the read is let through as the probe')
+  t.ok(guard.cooldownLeftMs === 0 && guard.state === 'failing', 'the breaker is not closed by it, nor the outage ended')
+  t.match(await decide('a', [closed]), { source: 'store' }, 'the next call is the probe, and a decision closes the breaker')
+  t.equal(guard.state, 'healthy')
 })

@@ -8,11 +8,12 @@ import diagnostics from 'node:diagnostics_channel'
 import t from 'tap'
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify'
 import tollgate, { type TollgateOptions } from '../../lib/index.js'
-import { clientId, ipIdentity } from '../../lib/core/keys.js'
+import { clientId, hashTag, ipIdentity } from '../../lib/core/keys.js'
 import { Engine } from '../../lib/core/engine.js'
 import type { DecisionMessage } from '../../lib/core/types.js'
 import { FakeTime } from './helpers/fake-time.js'
-import { FailingStore, engineOver } from './helpers/failing-store.js'
+import { FailingStore, UNIT_KEY_SECRET, engineOver } from './helpers/failing-store.js'
+import { keyUnder } from '../helpers/keys.js'
 import type { Test } from './helpers/option-error.js'
 
 t.test('clientId: safe ids kept, every other id hashed into 26 base64url characters', async (t) => {
@@ -83,16 +84,27 @@ t.test('ipIdentity: IPv4 as it is, IPv4-mapped as IPv4, IPv6 cut to its subnet',
   t.not(ipIdentity('::ffff:c000:201', 56), ipIdentity('::ffff:c000:202', 56), 'two IPv4 clients are not one /56')
 })
 
-t.test('a bucket key: prefix, the client in a hash tag, the bucket', async (t) => {
+t.test('a bucket key: prefix, the keyed hash tag, the client part, the bucket', async (t) => {
   const time = new FakeTime()
   const { engine } = engineOver(new FailingStore(time), time)
   t.teardown(() => engine.close())
   t.ok(engine instanceof Engine)
-  t.same(engine.specsOf('{evil}', [{ bucket: 'GET /users/:id', capacity: 3, refillPerSecond: 1, failureMode: 'open', cost: 2 }], undefined),
-    [{ key: `tollgate:{${clientId('{evil}')}}:GET /users/:id`, capacity: 3, refillPerSecond: 1, cost: 2 }])
-  const key = engine.keyOf(clientId('x'.repeat(500)), 'b')
+  const [spec] = engine.specsOf('{evil}', [{ bucket: 'GET /users/:id', capacity: 3, refillPerSecond: 1, failureMode: 'open', cost: 2 }], undefined)
+  t.same(spec, { key: keyUnder(UNIT_KEY_SECRET, 'tollgate', '{evil}', 'GET /users/:id'), capacity: 3, refillPerSecond: 1, cost: 2 })
+  t.match(spec?.key, /^tollgate:\{[A-Za-z0-9_-]{8}\}#[A-Za-z0-9_-]{26}:GET \/users\/:id$/)
+  const key = engine.keyOf(`{${hashTag(Buffer.from(UNIT_KEY_SECRET), clientId('x'.repeat(500)))}}${clientId('x'.repeat(500))}`, 'b')
+  t.equal(engine.specsOf('x'.repeat(500), [{ bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' }], undefined)[0]?.key, key)
   t.equal(key.split('{').length, 2, 'exactly one {')
+  t.equal(key.split('}').length, 2, 'exactly one }')
   t.ok(Buffer.byteLength(key) < 64, 'short')
+})
+
+t.test('hashTag: 8 base64url characters of an HMAC, stable under one secret, another under another', async (t) => {
+  const [one, two] = [Buffer.from('first secret, 16+ chars'), Buffer.from('second secret, 16+ chars')]
+  t.match(hashTag(one, 'alice'), /^[A-Za-z0-9_-]{8}$/)
+  t.equal(hashTag(one, 'alice'), hashTag(Buffer.from('first secret, 16+ chars'), 'alice'), 'stable: every server of a fleet computes it alike')
+  t.not(hashTag(one, 'alice'), hashTag(two, 'alice'), 'another secret, another tag')
+  t.not(hashTag(one, 'alice'), hashTag(one, 'bob'))
 })
 
 /** A Fastify app on the in-process store, and the identities its decisions were made for. */

@@ -10,7 +10,7 @@ import type { FastifyInstance } from 'fastify'
 import type { TollgateOptions } from '../../lib/index.js'
 import { createCore } from '../../lib/core/limiter.js'
 import {
-  MAX_SUMMARY_MS, MAX_TIMEOUT, MAX_WAIT_MS, breaker, closest, deadlineMs, denialCache, hinted, ipv6Subnet, isBoolean, isFunction,
+  MAX_SUMMARY_MS, MAX_TIMEOUT, MAX_WAIT_MS, breaker, closest, deadlineMs, denialCache, hinted, ipv6Subnet, keySecret, isBoolean, isFunction,
   keyPrefix, lease, localPolicy, lockout, maxWaitMs, metricsOption, nonEmptyString, oneOf, outageSummaryMs, parseFields, planFunction,
   positiveInteger, positiveNumber, redisClient, warningOn, warnings
 } from '../../lib/core/options.js'
@@ -61,6 +61,15 @@ t.test('each parser: accepted values come back as they are, others are named', a
       isOptionError(t, thrown(() => parse(value, 'opt')), { name: 'opt', got: describe(value), expect }, `${label}: ${describe(value).slice(0, 20)}`)
     }
   }
+})
+
+t.test('keySecret: a string of 16 characters or more, never shown in the error', async (t) => {
+  for (const good of ['s'.repeat(16), 'a longer secret, of any characters: {}\n']) t.equal(keySecret(good, 'keySecret'), good)
+  const expect = 'a string of at least 16 characters, the same on every server of the fleet'
+  isOptionError(t, thrown(() => keySecret('fifteen chars!!', 'keySecret')), { name: 'keySecret', got: 'a string of 15 characters', expect }, 'too short')
+  t.notMatch((thrown(() => keySecret('fifteen chars!!', 'keySecret')) as Error).message, 'fifteen', 'the secret itself is not in the message')
+  isOptionError(t, thrown(() => keySecret(16, 'keySecret')), { name: 'keySecret', got: '16', expect }, 'a number')
+  t.throws(() => createCore({ keySecret: 'short' }), { code: 'TOLLGATE_INVALID_OPTION', message: /`keySecret` must be a string of at least 16 characters/ }, 'checked by createLimiter')
 })
 
 t.test('nested objects: local, breaker, lease, lockout, denialCache, warnings, metrics', async (t) => {

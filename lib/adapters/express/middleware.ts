@@ -134,6 +134,12 @@ export interface ExpressOptions extends ExpressPolicy {
   failureMode: FailureMode
   /** Redis key prefix (default 'tollgate'). */
   prefix?: string | undefined
+  /**
+   * The secret of the keys' hash tags, the same on every server of the fleet
+   * (at least 16 characters); default: a random one kept in Redis
+   * (docs/reference/keys.md).
+   */
+  keySecret?: string | undefined
   /** IPv6 clients are keyed by this prefix length (default 56). */
   ipv6Subnet?: number | undefined
   /** Circuit breaker (default { failures: 5, cooldownMs: 1000 }). */

@@ -7,6 +7,7 @@
 
 import { Engine, type EngineParts } from '../../../lib/core/engine.js'
 import { Guard } from '../../../lib/core/guard.js'
+import { KeyNames } from '../../../lib/core/key-secret.js'
 import { LeaseBook } from '../../../lib/core/lease.js'
 import { settlements } from '../../../lib/core/settle.js'
 import { Waiters } from '../../../lib/core/waiters.js'
@@ -80,6 +81,9 @@ export class FailingStore implements Store {
   }
 }
 
+/** The keySecret of engineOver's limiter: keys in these tests are `keyOf(UNIT_KEY_SECRET, ...)`. */
+export const UNIT_KEY_SECRET = 'unit tests key secret'
+
 export interface Wired {
   engine: Engine
   guard: Guard
@@ -109,7 +113,9 @@ export function engineOver (store: FailingStore, time: FakeTime, options: { time
     leases: new LeaseBook(10_000, clock),
     metrics: undefined,
     remote,
-    book: settlements({ remote, memory, local, defaultTimeout, logger, clock })
+    book: settlements({ remote, memory, local, defaultTimeout, logger, clock }),
+    // A keySecret: keys are named at once, with no read from the store.
+    names: new KeyNames('tollgate', UNIT_KEY_SECRET, undefined)
   }
   return { engine: new Engine(parts), guard, parts }
 }
