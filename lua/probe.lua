@@ -12,7 +12,8 @@
 --
 -- KEYS[1]  a key of no bucket (`<prefix>:warm`): read; then, only when it
 --          does not exist (so the probe never overwrites anything), written
---          with a 1 ms TTL and deleted: nothing is left behind.
+--          with a 1 ms TTL (PSETEX as the buckets are, SET NX as the key
+--          secret is) and deleted: nothing is left behind.
 -- ARGV     none.
 --
 -- Returns a flat array: for each command that failed, its name, then the
@@ -37,6 +38,7 @@ try('GET', key)
 try('TYPE', key)
 if try('PTTL', key) == -2 then
   try('PSETEX', key, 1, 0)
+  try('SET', key, 0, 'PX', 1, 'NX')
   try('DEL', key)
 end
 return failed

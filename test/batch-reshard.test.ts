@@ -21,6 +21,7 @@ import { createLimiter, type Limiter, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
 import { startCluster } from './helpers/cluster.js'
 import { redisCommand, type RedisServer } from './helpers/redis.js'
+import { keyUnder } from './helpers/keys.js'
 import { slotOf } from './helpers/slot.js'
 
 const cluster = await startCluster({ masters: 3 })
@@ -45,7 +46,9 @@ const TIMEOUT_MS = 250
 /** Most the share decided by Redis may fall below `batch: false`'s: a call missing its deadline now and then, in either mode. */
 const TOLERANCE = 0.05
 
-const keyOf = (prefix: string, id: string): string => `${prefix}:{${id}}:${BUCKET}`
+/** The fleet's key secret, given so that the test can name keys, and find clients sharing a slot, before any call. */
+const SECRET = 'batch-reshard-test-secret'
+const keyOf = (prefix: string, id: string): string => keyUnder(SECRET, prefix, id, BUCKET)
 
 async function nodeId (server: RedisServer): Promise<string> {
   return await redisCommand(server, ['CLUSTER', 'MYID']) as string
@@ -130,7 +133,7 @@ async function run (t: Test, batch: false | undefined): Promise<Run> {
   t.teardown(() => client.disconnect())
   if (client.status !== 'ready') await once(client, 'ready')
   const prefix = uniquePrefix()
-  const limiter = createLimiter({ redis: client, prefix, timeout: TIMEOUT_MS, denialCache: false, batch })
+  const limiter = createLimiter({ redis: client, prefix, timeout: TIMEOUT_MS, denialCache: false, batch, keySecret: SECRET })
   t.teardown(() => limiter.close())
   const masters = await cluster.masters()
   const { slot, ids: slotIds } = sameSlot(prefix)
@@ -154,7 +157,7 @@ async function run (t: Test, batch: false | undefined): Promise<Run> {
   diagnostics.unsubscribe('tollgate:breaker', listener)
 
   // Read by a limiter of its own, whatever the flood's breaker says.
-  const reader = createLimiter({ redis: client, prefix, timeout: 2000, denialCache: false })
+  const reader = createLimiter({ redis: client, prefix, timeout: 2000, denialCache: false, keySecret: SECRET })
   t.teardown(() => reader.close())
   const spent = new Map<string, number>()
   for (const id of [...groups.slot, ...groups.other]) {
@@ -198,7 +201,7 @@ t.test('a decision whose own keys the migration split: refused (TRYAGAIN), answe
   t.teardown(() => { try { client.destroy() } catch {} })
   const prefix = uniquePrefix()
   // One failure would open this breaker.
-  const limiter = createLimiter({ redis: client, prefix, timeout: 1000, denialCache: false, breaker: { failures: 1, cooldownMs: 60_000 } })
+  const limiter = createLimiter({ redis: client, prefix, timeout: 1000, denialCache: false, breaker: { failures: 1, cooldownMs: 60_000 }, keySecret: SECRET })
   t.teardown(() => limiter.close())
   await limiter.ready
   const both: Policy[] = [policy, { ...policy, bucket: 'b2' }]

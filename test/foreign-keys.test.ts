@@ -15,6 +15,7 @@ import { Redis } from 'ioredis'
 import t from 'tap'
 import { createLimiter, type Decision, type Limiter, type Logger, type Policy, type Reservation } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
+import { keyUnder } from './helpers/keys.js'
 import { redisUrl } from './helpers/redis.js'
 
 const url = await redisUrl(t)
@@ -43,6 +44,8 @@ const FOREIGN: Foreign[] = [
 ]
 
 const CAPACITY = 10
+/** The fleet's key secret, given so that a test names a key before any call (docs/reference/keys.md). */
+const SECRET = 'foreign-keys-test-secret'
 /** No refill to speak of: the tokens read back are what was spent. */
 const REFILL = 1e-6
 const policy = (bucket: string): Policy => ({ bucket, capacity: CAPACITY, refillPerSecond: REFILL, failureMode: 'closed' })
@@ -198,13 +201,13 @@ async function newCase (): Promise<Case> {
   const logger: Logger = { warn: at('warn'), info: at('info'), error: at('error') }
   // A generous deadline: a busy machine must not turn a neighbour's decision into a timeout.
   const redis = new Redis(url)
-  const limiter = createLimiter({ redis, prefix, logger, denialCache: false, timeout: 2000 })
+  const limiter = createLimiter({ redis, prefix, logger, denialCache: false, timeout: 2000, keySecret: SECRET })
   await limiter.ready // connected, scripts loaded: every decision below is Redis's to make
   const close = async (): Promise<void> => {
     await limiter.close()
     redis.disconnect()
   }
-  return { limiter, close, lines, key: (client, bucket) => `${prefix}:{${client}}:${bucket}` }
+  return { limiter, close, lines, key: (client, bucket) => keyUnder(SECRET, prefix, client, bucket) }
 }
 
 /** What went wrong in one case, each as a short phrase; empty when nothing did. */
