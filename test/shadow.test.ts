@@ -8,7 +8,7 @@ import diagnostics from 'node:diagnostics_channel'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import { createLimiter, type Decision, type DecisionMessage, type Policy } from '../lib/index.js'
-import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
+import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
 
 const NO_REFILL = 1e-6
 const shadowPolicy: Policy = { bucket: 'new-limit', capacity: 2, refillPerSecond: NO_REFILL, failureMode: 'open', shadow: true }
@@ -129,7 +129,9 @@ t.test('a cost above a shadow policy\'s capacity is a would-be denial, never an 
 })
 
 t.test('routes: a cost function above a shadow policy\'s capacity is a would-be denial; enforced policies still refuse one', async (t) => {
+  const logs = captureLogs()
   const { app } = await buildApp(t, {
+    fastify: { logger: { level: 'error', stream: logs.stream } },
     plugin: { capacity: 10, refillPerSecond: NO_REFILL, shadow: true, cost: 20 },
     routes (app) {
       const cost = (request: { query: unknown }): number => Number((request.query as { cost: string }).cost)
@@ -149,5 +151,6 @@ t.test('routes: a cost function above a shadow policy\'s capacity is a would-be 
   t.same((await app.inject('/plan')).json(), { shadow: true }, 'a plan below the default cost of 1, on a shadow policy')
   const huge = await app.inject('/shadow?cost=1e300')
   t.equal(huge.statusCode, 500, 'a shadow cost past 2^52 µs of refill is bad input')
-  t.match(huge.json(), { message: /`cost` must return a finite number > 0 and <= 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\), got 1e\+300/ })
+  t.match(huge.json(), { message: 'Rate limit check failed; the server log says why' }, 'the client is told nothing of the value')
+  t.match(logs.lines.map((l) => JSON.stringify(l)).join('\n'), /`cost` must return a finite number > 0 and <= 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\), got 1e\+300/, 'the log says why')
 })
