@@ -82,7 +82,8 @@ export function defineScripts (redis) {
       return p.benchTollgate(policies, ...keys, ...tollgateArgs(policies))
     }
   })
-  // Each on keys named as in the Fastify runs: tollgate's `<prefix>:{<client>}:<bucket>`
+  // Each on keys named about as in the Fastify runs: tollgate's `<prefix>:{<tag>}<client>:<bucket>`
+  // less its 8-character keyed tag (docs/reference/keys.md), the client in the braces instead
   // (the design note's script is the alternative encoding of the same bucket),
   // @fastify/rate-limit's `<nameSpace><method><url>-<client>`.
   return {
