@@ -170,7 +170,7 @@ function singleArgs (specs: readonly BucketSpec[], consume: boolean): Array<stri
 }
 
 /** Settles a decision sent alone with lua/token-bucket.lua's reply (a reply of another shape rejects it). */
-function answerAlone (p: Pending, reply: unknown): void {
+export function answerAlone (p: Pending, reply: unknown): void {
   let answer: StoreReply
   try {
     answer = storeReply(reply, p.specs)

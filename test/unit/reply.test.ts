@@ -6,7 +6,7 @@
 
 import t from 'tap'
 import { isNumbers, lengthOf, numberAt, numberOf, unexpectedReply } from '../../lib/store/reply.js'
-import { answerBatch, type Pending } from '../../lib/store/redis-store.js'
+import { answerAlone, answerBatch, type Pending } from '../../lib/store/redis-store.js'
 import type { StoreReply } from '../../lib/store/store.js'
 
 const bad = { code: 'TOLLGATE_STORE_ERROR', message: /^lua\/x\.lua replied .*, which is not the reply it gives$/ }
@@ -61,4 +61,17 @@ t.test('a batch is answered from its flat reply, or failed whole', async (t) => 
   answerBatch(short.pending, 3, [1_000_000, 2_000_000])
   t.equal(short.out.length, 2)
   t.ok(short.out.every((o) => o instanceof Error && /^lua\/token-bucket-batch\.lua replied \[1000000,2000000\]/.test(o.message)), 'a reply one number short fails both, none answered from it')
+})
+
+t.test('a decision sent alone is answered from its reply, or failed by a reply of another shape', async (t) => {
+  const spec = (key: string) => ({ key, capacity: 10, refillPerSecond: 1, cost: 1 })
+  const run = (specs: Pending['specs'], reply: unknown): StoreReply | Error | undefined => {
+    let out: StoreReply | Error | undefined
+    answerAlone({ specs, consume: true, sent: undefined, resolve: (r) => { out = r }, reject: (err) => { out = err as Error } }, reply)
+    return out
+  }
+  t.match(run([spec('a')], '1000000'), { allowed: true, buckets: [{ remaining: 9, fullInUs: 1_000_000, waitUs: 0 }] }, 'one bucket: a bare integer')
+  t.match(run([spec('a'), spec('b')], [1_000_000, -500_000]), { allowed: false, buckets: [{ remaining: 9 }, { waitUs: 500_000 }] }, 'two: one integer each')
+  t.match((run([spec('a')], [1, 2]) as Error).message, /^lua\/token-bucket\.lua replied \[1,2\]/, 'an array where one integer was due: failed, not read as NaN')
+  t.match((run([spec('a'), spec('b')], [1]) as Error).message, /^lua\/token-bucket\.lua replied \[1\]/, 'one number short: failed')
 })

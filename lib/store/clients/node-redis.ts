@@ -71,12 +71,15 @@ function target (client: NodeRedis): string {
   return socketAddress(options.socket)
 }
 
-/** Closes a connection of ours at once, whatever its state (node-redis 5 throws on a closed one). */
+/**
+ * Closes a connection of ours at once. One that is not open (never
+ * connected, or already lost) is left alone: node-redis 5 and 6 throw on
+ * closing it, and there is nothing to close.
+ */
 function destroy (conn: NodeRedis | undefined): void {
-  try {
-    if (conn?.destroy !== undefined) conn.destroy()
-    else conn?.disconnect?.().catch(() => {})
-  } catch {}
+  if (conn === undefined || !conn.isOpen) return
+  if (conn.destroy !== undefined) conn.destroy()
+  else conn.disconnect?.().catch(() => {})
 }
 
 function strings (args: ReadonlyArray<string | number>): string[] {
