@@ -19,24 +19,13 @@ import tollgate, { createLimiter, type Limiter, type Policy, type RedisClient } 
 import { TOKEN_BUCKET } from '../lib/store/redis-store.js'
 import { uniquePrefix } from './helpers/app.js'
 import { families } from './helpers/clients.js'
-import { startCluster } from './helpers/cluster.js'
-import { redisCommand, type RedisServer } from './helpers/redis.js'
+import { keysOn, startCluster } from './helpers/cluster.js'
+import { redisCommand } from './helpers/redis.js'
 
 const cluster = await startCluster({ masters: 3 })
 t.teardown(() => cluster.stop())
 const masters = await cluster.masters()
 
-/** Keys on one master matching `pattern`, by SCAN. */
-async function keysOn (node: RedisServer, pattern: string): Promise<string[]> {
-  const found: string[] = []
-  let cursor = '0'
-  do {
-    const [next, batch] = await redisCommand(node, ['SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000]) as [string, string[]]
-    cursor = next
-    found.push(...batch)
-  } while (cursor !== '0')
-  return found
-}
 
 for (const family of families) {
   const connect = family.cluster?.bind(family)

@@ -12,7 +12,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import t from 'tap'
 import tollgate, { createLimiter, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
-import { startCluster } from './helpers/cluster.js'
+import { keysOn, startCluster } from './helpers/cluster.js'
 import { startFleetServer } from './helpers/fleet.js'
 import { infoField, redisCommand, type RedisServer } from './helpers/redis.js'
 import { fleetSecret, isSecretKey, keyUnder } from './helpers/keys.js'
@@ -40,17 +40,6 @@ async function keySlot (key: string): Promise<number> {
   return await redisCommand(masters[0] as RedisServer, ['CLUSTER', 'KEYSLOT', key]) as number
 }
 
-/** Keys on one master matching `pattern`, by SCAN. */
-async function keysOn (node: RedisServer, pattern: string): Promise<string[]> {
-  const found: string[] = []
-  let cursor = '0'
-  do {
-    const [next, batch] = await redisCommand(node, ['SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000]) as [string, string[]]
-    cursor = next
-    found.push(...batch)
-  } while (cursor !== '0')
-  return found
-}
 
 /** master port -> keys under `prefix` on it */
 async function keysByMaster (prefix: string): Promise<Map<number, string[]>> {

@@ -21,10 +21,9 @@ import t, { type Test } from 'tap'
 import { createLimiter, type Limiter, type Policy } from '../lib/index.js'
 import { slotOf } from './helpers/slot.js'
 import { uniquePrefix } from './helpers/app.js'
-import { startCluster } from './helpers/cluster.js'
+import { keysOn, startCluster } from './helpers/cluster.js'
 import { isSecretKey } from './helpers/keys.js'
 import { oldSlot, keyedSlot, type SlotAttack } from './helpers/slot-attack.js'
-import { redisCommand, type RedisServer } from './helpers/redis.js'
 
 const attack = JSON.parse(readFileSync(new URL('fixtures/slot-attack.json', import.meta.url), 'utf8')) as SlotAttack
 const cluster = await startCluster({ masters: 3 })
@@ -39,16 +38,6 @@ async function perMaster (prefix: string): Promise<number[]> {
   return counts
 }
 
-async function keysOn (node: RedisServer, pattern: string): Promise<string[]> {
-  const found: string[] = []
-  let cursor = '0'
-  do {
-    const [next, batch] = await redisCommand(node, ['SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000]) as [string, string[]]
-    cursor = next
-    found.push(...batch)
-  } while (cursor !== '0')
-  return found
-}
 
 /** A limiter on the cluster, ready (its key secret read), closed after `t`. */
 async function limiterOn (t: Test, prefix: string, keySecret?: string): Promise<Limiter> {

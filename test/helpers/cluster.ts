@@ -348,3 +348,15 @@ export async function startCluster (opts: StartClusterOptions = {}): Promise<Red
     throw err
   }
 }
+
+/** Keys on one master matching `pattern`, by SCAN. */
+export async function keysOn (node: RedisServer, pattern: string): Promise<string[]> {
+  const found: string[] = []
+  let cursor = '0'
+  do {
+    const [next, batch] = await redisCommand(node, ['SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000]) as [string, string[]]
+    cursor = next
+    found.push(...batch)
+  } while (cursor !== '0')
+  return found
+}
