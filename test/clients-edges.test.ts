@@ -261,3 +261,24 @@ t.test('a node-redis client that maps integers to strings: the replies are read 
   await limiter.settle(reserved, 1)
   t.match(await limiter.peek('r', policy), { remaining: 4 }, 'and its settlement')
 })
+
+t.test('node-redis: a call lost with its connection is the client failing, not an answer of Redis: the breaker counts it', async (t) => {
+  const own = await startRedisServer()
+  t.teardown(() => own.stop())
+  const node = createClient({ url: own.url, socket: { reconnectStrategy: false } })
+  node.on('error', () => {})
+  await node.connect()
+  t.teardown(() => { try { node.destroy() } catch {} })
+  const limiter = createLimiter({ redis: node, prefix: `edges${++prefixes}`, timeout: 5000, breaker: { failures: 1, cooldownMs: 60_000 }, logger: logger(), keySecret: 'lost-call-edge-test-secret' })
+  t.teardown(() => limiter.close())
+  await limiter.ready
+  const policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' } as const
+  own.pause()
+  const pending = limiter.consume('c', policy)
+  await sleep(100) // sent, and waiting on the frozen server
+  await own.kill()
+  const started = performance.now()
+  t.match(await pending, { allowed: false, source: 'fail-closed' }, 'the call in flight fails with its connection')
+  t.ok(performance.now() - started < 4000, 'when the connection is lost, not at the deadline')
+  t.not(limiter.state, 'healthy', 'counted as the store failing: the breaker (1 failure) is open')
+})

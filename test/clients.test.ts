@@ -20,6 +20,7 @@ import { rateLimit } from '../lib/express.js'
 import { uniquePrefix } from './helpers/app.js'
 import { GlideClient } from '@valkey/valkey-glide'
 import { families, type Family, type Made } from './helpers/clients.js'
+import { keyUnder } from './helpers/keys.js'
 import { redisCommand, startRedisServer, type TeardownTarget } from './helpers/redis.js'
 
 /** Polls `check` every 50 ms until it is true, at most `ms`; true if it became so. */
@@ -31,6 +32,9 @@ async function until (ms: number, check: () => Promise<boolean>): Promise<boolea
   }
   return false
 }
+
+/** A keySecret, so that a test names a key before any call (docs/reference/keys.md). */
+const FOREIGN_SECRET = 'clients-test-foreign-secret'
 
 async function made (t: TeardownTarget, family: Family, url: string, connect = true): Promise<Made> {
   const m = await family.standalone(url)
@@ -83,6 +87,23 @@ for (const family of families) {
       const db = family.label.includes('database 3') ? 'db3' : 'db0'
       const keyspace = String(await redisCommand(address, ['INFO', 'keyspace']))
       t.match(keyspace, new RegExp(`^${db}:keys=`, 'm'), `the buckets are in the client's database (${db})`)
+    })
+
+    t.test('a key of another type fails its own requests as Redis\'s answer: the breaker stays closed for every other client', async (t) => {
+      const { client } = await made(t, family, server.url)
+      const prefix = uniquePrefix()
+      const log = { lines: [] as string[], warn () {}, info () {}, error (_o: object, msg: string) { this.lines.push(msg) } }
+      const limiter = createLimiter({ redis: client, prefix, timeout: 5000, denialCache: false, breaker: { failures: 1, cooldownMs: 60_000 }, keySecret: FOREIGN_SECRET, logger: log })
+      t.teardown(() => limiter.close())
+      await limiter.ready
+      const policy: Policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }
+      // In the client's own database, with a script (a connection's SELECT lasts one call of redisCommand).
+      const db = family.label.includes('database 3') ? 3 : 0
+      await redisCommand(address, ['EVAL', "redis.call('SELECT', ARGV[1]); return redis.call('HSET', KEYS[1], 'field', '1')", 1, keyUnder(FOREIGN_SECRET, prefix, 'poisoned', 'b'), db])
+      for (let i = 0; i < 3; i++) t.equal((await limiter.consume('poisoned', policy)).source, 'fail-closed', 'the poisoned client\'s request fails')
+      t.equal((await limiter.consume('other', policy)).source, 'store', 'another client is still decided by Redis: the breaker (1 failure) never opened')
+      t.equal(limiter.state, 'healthy')
+      t.equal(log.lines.filter((l) => l === 'rate limit key holds a value of the wrong type').length, 3, 'each logged as a key of the wrong type')
     })
 
     t.test('400 concurrent consumes on a bucket of 50 admit exactly 50', async (t) => {

@@ -99,3 +99,15 @@ export function notConnectedYet (message: string): StoreError {
 export function stillConnecting (cause: unknown): boolean {
   return cause instanceof Error && FIRST_CONNECTION.has(cause)
 }
+
+/**
+ * A reply error of Redis's in the form ioredis and iovalkey give one (name
+ * 'ReplyError'), made from another client's (`cause`): the guard tells
+ * Redis's answers (a key of another type: Redis is up) from the client's own
+ * failures by that name (lib/core/guard.ts provesAlive), whatever the client.
+ */
+export function replyError (message: string, cause: unknown): Error {
+  const err = new Error(message, { cause })
+  err.name = 'ReplyError'
+  return err
+}

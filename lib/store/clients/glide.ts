@@ -12,6 +12,7 @@
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress } from './address.js'
 import { fanOut } from './fan-out.js'
+import { replyError } from '../errors.js'
 
 type Route = { type: 'primarySlotKey', key: string } | 'allPrimaries' | 'randomNode'
 
@@ -38,13 +39,20 @@ function isCluster (client: Glide): boolean {
 const SERVER_ERROR = /^An error was signalled by the server: - (\w+): /
 const CODES: Record<string, string> = { NoScriptError: 'NOSCRIPT', PermissionDenied: 'NOPERM', ResponseError: 'ERR' }
 
+/** GLIDE's other form of a reply error, a script's own among them: Redis's code, a colon, its words ("WRONGTYPE: ..."). */
+const CODED_ERROR = /^([A-Z][A-Z_]*): /
+
 /** A GLIDE reply error in Redis's form (its original as `cause`); any other error as it is. */
 function redisError (err: unknown): unknown {
   // Object() boxes a value that is no object, whose message reads undefined.
-  const match = SERVER_ERROR.exec(String(Reflect.get(Object(err), 'message')))
-  if (match === null) return err
-  const kind = match[1] as string
-  return new Error(`${CODES[kind] ?? kind} ${match.input.slice(match[0].length)}`, { cause: err })
+  const message = String(Reflect.get(Object(err), 'message'))
+  const match = SERVER_ERROR.exec(message)
+  if (match !== null) {
+    const kind = match[1] as string
+    return replyError(`${CODES[kind] ?? kind} ${message.slice(match[0].length)}`, err)
+  }
+  const coded = CODED_ERROR.exec(message)
+  return coded === null ? err : replyError(`${coded[1] as string} ${message.slice(coded[0].length)}`, err)
 }
 
 const POLL_MS = 1000

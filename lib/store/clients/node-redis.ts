@@ -8,6 +8,7 @@
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress, socketAddress, urlAddress } from './address.js'
 import { fanOut } from './fan-out.js'
+import { replyError } from '../errors.js'
 
 interface Options { url?: string, socket?: Record<string, unknown>, rootNodes?: unknown[] }
 
@@ -82,6 +83,19 @@ function destroy (conn: NodeRedis | undefined): void {
   else conn.disconnect?.().catch(() => {})
 }
 
+/**
+ * True for node-redis's form of an error Redis replied (its class ErrorReply,
+ * or SimpleError and BlobError below it in node-redis 5 and 6), told from
+ * the client's own errors (closed, timed out), which are plain Errors too.
+ * The package is an optional peer, so the class is found by its name.
+ */
+function isErrorReply (err: unknown): err is Error {
+  for (let proto: unknown = Object.getPrototypeOf(Object(err)); proto !== null; proto = Object.getPrototypeOf(proto)) {
+    if ((proto as { constructor: { name: string } }).constructor.name === 'ErrorReply') return true
+  }
+  return false
+}
+
 function strings (args: ReadonlyArray<string | number>): string[] {
   const out = new Array<string>(args.length)
   for (let i = 0; i < args.length; i++) out[i] = String(args[i])
@@ -105,7 +119,7 @@ export function nodeRedisClient (user: object): StoreClient {
     : (key: string | undefined, args: string[]): Promise<unknown> => cluster.sendCommand(key, false, args)
   const script = (command: string, body: string, numKeys: number, args: ReadonlyArray<string | number>): Promise<unknown> => {
     const list = strings(args)
-    return send(list[0], [command, body, String(numKeys), ...list])
+    return send(list[0], [command, body, String(numKeys), ...list]).catch((err: unknown) => { throw isErrorReply(err) ? replyError(err.message, err) : err })
   }
   return {
     family: 'node-redis',
