@@ -18,14 +18,11 @@
 // compute which ids share a slot, and send all their load to one master.
 
 import { randomBytes, createHmac } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
 import type { Logger } from './types.js'
 import type { RedisStore } from '../store/redis-store.js'
-
-const LUA = readFileSync(new URL('../../lua/key-secret.lua', import.meta.url), 'utf8')
 
 /** How long start-up gives Redis to answer the secret's read (within the adapters' own start-up bound). */
 export const WARM_TIMEOUT_MS = 1000
@@ -91,12 +88,7 @@ export class KeyNames {
     const mine = option === undefined ? randomBytes(32).toString('base64url') : digest(option)
     let reply: unknown
     try {
-      reply = await guard.run(async () => {
-        // As the store's own calls: nothing is queued on a client that is not connected.
-        const down = store.notReady()
-        if (down !== undefined) throw down
-        return await store.client.eval(LUA, 2, [secretKey, checkKey, option === undefined ? 1 : 2, mine])
-      }, timeoutMs, [], true)
+      reply = await guard.run(async () => await store.keySecret(secretKey, checkKey, option === undefined ? 1 : 2, mine), timeoutMs, [], true)
     } catch {
       return
     }

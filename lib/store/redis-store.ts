@@ -38,6 +38,8 @@ export const SETTLE: Script = script('settle.lua')
 export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
 /** lua/token-bucket-batch.lua. */
 export const TOKEN_BUCKET_BATCH: Script = script('token-bucket-batch.lua')
+/** lua/key-secret.lua. */
+const KEY_SECRET: Script = script('key-secret.lua')
 /** lua/probe.lua. */
 export const PROBE: Script = script('probe.lua')
 
@@ -271,16 +273,21 @@ export class RedisStore implements Store, LeaseStore {
     }
   }
 
+  /** Throws why a call cannot be sent now (asking a lazyConnect client to connect). */
   #ready (): void {
-    const down = this.notReady()
-    if (down !== undefined) throw down
+    if (this.#redis.status !== 'ready') throw this.#down()
+    this.#connected = true
   }
 
-  /** Why a call cannot be sent now (asking a lazyConnect client to connect), or undefined when it can. */
-  notReady (): StoreError | undefined {
-    if (this.#redis.status !== 'ready') return this.#down()
-    this.#connected = true
-    return undefined
+  /**
+   * lua/key-secret.lua (lib/core/key-secret.ts): writes `value` to the
+   * fleet's random secret (`write` 1) or to its keySecret digest (2) where
+   * that key is missing, and replies both keys' values. Sent as EVAL: it
+   * runs once per start-up, so its text is not kept loaded.
+   */
+  async keySecret (secretKey: string, checkKey: string, write: 1 | 2, value: string): Promise<unknown> {
+    this.#ready()
+    return await this.#redis.eval(KEY_SECRET.lua, 2, [secretKey, checkKey, write, value])
   }
 
   /**
