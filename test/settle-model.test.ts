@@ -121,18 +121,26 @@ interface Scenario {
   maxSleepMs: number
   /** Share of the steps that settle an outstanding reservation, when there is one. */
   settleShare: number
+  /**
+   * Whether the scenario must end with a request in debt. Those whose costs
+   * are mostly refunded (the point of the fourth) reach a debt only when
+   * Redis's clock moved little between steps, which a loaded machine does
+   * not promise; the others charge up to 6x and always do.
+   */
+  debts: boolean
 }
 
 const scenarios: Scenario[] = [
-  { name: 'capacity 10, 100/s', buckets: [{ capacity: 10, refillPerSecond: 100, costs: [1, 2, 3] }], actuals: [0, 0.5, 1, 2, 6], maxSleepMs: 30, settleShare: 0.5 },
-  { name: 'capacity 2.5, 37.5/s, fractional', buckets: [{ capacity: 2.5, refillPerSecond: 37.5, costs: [0.5, 1.25] }], actuals: [0, 0.3, 1, 3], maxSleepMs: 40, settleShare: 0.5 },
-  { name: 'capacity 5, 100/s, deep debts', buckets: [{ capacity: 5, refillPerSecond: 100, costs: [1, 2] }], actuals: [0, 0.5, 1, 4, 9], maxSleepMs: 60, settleShare: 0.5 },
+  { name: 'capacity 10, 100/s', buckets: [{ capacity: 10, refillPerSecond: 100, costs: [1, 2, 3] }], actuals: [0, 0.5, 1, 2, 6], maxSleepMs: 30, settleShare: 0.5, debts: true },
+  { name: 'capacity 2.5, 37.5/s, fractional', buckets: [{ capacity: 2.5, refillPerSecond: 37.5, costs: [0.5, 1.25] }], actuals: [0, 0.3, 1, 3], maxSleepMs: 40, settleShare: 0.5, debts: true },
+  { name: 'capacity 5, 100/s, deep debts', buckets: [{ capacity: 5, refillPerSecond: 100, costs: [1, 2] }], actuals: [0, 0.5, 1, 4, 9], maxSleepMs: 60, settleShare: 0.5, debts: true },
   {
     name: 'capacity 8, 200/s, reservations held for many windows, mostly refunded',
     buckets: [{ capacity: 8, refillPerSecond: 200, costs: [1, 2, 4] }],
     actuals: [0, 0, 0.25, 1, 2],
     maxSleepMs: 30,
-    settleShare: 0.3
+    settleShare: 0.3,
+    debts: false
   },
   {
     name: 'two buckets of one client, all or nothing',
@@ -142,7 +150,8 @@ const scenarios: Scenario[] = [
     ],
     actuals: [0, 0.5, 1, 3],
     maxSleepMs: 30,
-    settleShare: 0.5
+    settleShare: 0.5,
+    debts: true
   }
 ]
 
@@ -273,7 +282,7 @@ t.test('settlements: the script decides like the token bucket with debt, the Mem
     const o = outcomes[i] as Outcome
     t.comment(`${scenario.name}: ${o.allowed} allowed, ${o.denied} denied, ${o.refunds} refunds (${o.cut} cut by their line), ${o.charges} charges, ${o.debts} in debt after (${o.floored} at -capacity), ${o.skipped} skipped`)
     t.same(o.mismatches.slice(0, 3), [], `${scenario.name}: no mismatch (${o.mismatches.length} found)`)
-    t.ok(o.allowed >= 10 && o.denied >= 10 && o.refunds >= 5 && o.charges >= 5 && o.debts >= 1, `${scenario.name}: every kind of step seen`)
+    t.ok(o.allowed >= 10 && o.denied >= 10 && o.refunds >= 5 && o.charges >= 5 && (!scenario.debts || o.debts >= 1), `${scenario.name}: every kind of step seen`)
     if (i === 2) t.ok(o.floored >= 3, 'charges past -capacity are cut there')
     if (i === 3) t.ok(o.cut >= 10, 'refunds cut by their line')
     t.ok(o.skipped <= STEPS * 0.05, `${scenario.name}: ${o.skipped} skipped at the boundary`)
