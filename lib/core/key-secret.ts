@@ -22,14 +22,14 @@ import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
 import type { Logger } from './types.js'
-import type { RedisStore } from '../store/redis-store.js'
+import type { RemoteStore } from '../store/store.js'
 
 /** How long start-up gives Redis to answer the secret's read (within the adapters' own start-up bound). */
 export const WARM_TIMEOUT_MS = 1000
 
 /** What reading the secret needs of a limiter with `redis`. */
 export interface SecretSource {
-  readonly store: RedisStore
+  readonly store: RemoteStore
   readonly guard: Guard
   readonly logger: Logger
 }

@@ -2,8 +2,8 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { commandRefused, notConnectedYet, scriptsRefused, StoreError } from './errors.js'
 import {
-  bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
-  type ReserveReply, type Store, type StoreReply
+  bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type ReserveMark,
+  type RemoteStore, type ReserveReply, type StoreReply
 } from './store.js'
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
@@ -238,7 +238,7 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * is asked to connect by the first call that finds it so: the limiter
  * would otherwise never reach Redis, and fail over for ever.
  */
-export class RedisStore implements Store, LeaseStore {
+export class RedisStore implements RemoteStore {
   readonly #redis: StoreClient
   /** The client's address, for log lines (storeTarget). */
   readonly target: string

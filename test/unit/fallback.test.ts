@@ -7,9 +7,11 @@
 import diagnostics from 'node:diagnostics_channel'
 import t from 'tap'
 import { Guard, provesAlive } from '../../lib/core/guard.js'
+import { createCore } from '../../lib/core/limiter.js'
+import type { NonEmpty } from '../../lib/core/lists.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
 import { FakeTime, settled } from './helpers/fake-time.js'
-import { FailingStore, UNIT_KEY_SECRET, engineOver, everyOn } from './helpers/failing-store.js'
+import { FailingStore, UNIT_KEY_SECRET, engineOver } from './helpers/failing-store.js'
 import { keyUnder } from '../helpers/keys.js'
 import { memoryLog, type Test } from './helpers/option-error.js'
 
@@ -22,7 +24,7 @@ function setup (t: Test, options: Parameters<typeof engineOver>[2] = {}) {
   const store = new FailingStore(time)
   const wired = engineOver(store, time, options)
   t.teardown(() => wired.engine.close())
-  const decide = (key: string, list: Policy[], consume = true): Promise<Decision> => wired.engine.decide(key, list, undefined, consume)
+  const decide = (key: string, list: NonEmpty<Policy>, consume = true): Promise<Decision> => wired.engine.decide(key, list, undefined, consume)
   return { time, store, decide, ...wired }
 }
 
@@ -164,7 +166,7 @@ t.test('provesAlive: only a reply error of a server that can serve is a sign of 
 t.test('the guard: a call that throws is a failure; a late failure after the deadline counts once', async (t) => {
   const time = new FakeTime()
   const store = new FailingStore(time)
-  const guard = new Guard(store, { failures: 2, cooldownMs: 1000 }, undefined, () => time.now(), undefined, { timers: everyOn(time) })
+  const guard = new Guard(store, { failures: 2, cooldownMs: 1000 }, undefined, time)
   t.teardown(() => { guard.close() })
   await t.rejects(guard.run(() => { throw new Error('boom') }, 1000, []), { code: 'TOLLGATE_STORE_ERROR', message: 'store call failed: boom' })
   t.equal(guard.state, 'failing')
@@ -221,4 +223,19 @@ t.test('the key secret\'s read, as the half-open probe: its success neither clos
   t.ok(guard.cooldownLeftMs === 0 && guard.state === 'failing', 'the breaker is not closed by it, nor the outage ended')
   t.match(await decide('a', [closed]), { source: 'store' }, 'the next call is the probe, and a decision closes the breaker')
   t.equal(guard.state, 'healthy')
+})
+
+t.test('a store no other process shares (no client): denials are cached, with no fleet channel to hear', async (t) => {
+  const time = new FakeTime()
+  const store = new FailingStore(time)
+  store.behaviour = 'answer'
+  const { limiter } = createCore({ keySecret: UNIT_KEY_SECRET }, { time, store })
+  t.teardown(() => limiter.close())
+  const one: Policy = { bucket: 'one', capacity: 1, refillPerSecond: 1, failureMode: 'closed' }
+  t.match(await limiter.consume('a', one), { allowed: true, source: 'store' })
+  t.match(await limiter.consume('a', one), { allowed: false, source: 'store' })
+  t.match(await limiter.consume('a', one), { allowed: false, source: 'cache' }, 'the denial is cached')
+  t.equal(store.calls, 2, 'the third call never reached the store')
+  await limiter.reset('a', 'one')
+  t.match(await limiter.consume('a', one), { allowed: true, source: 'store' }, 'a reset reaches the store, and nothing else')
 })
