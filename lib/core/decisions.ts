@@ -6,6 +6,7 @@
 import type { BucketSpec, BucketState, ExtReply, StoreReply } from '../store/store.js'
 import { wholeTokens } from '../store/store.js'
 import { isNonEmpty, type NonEmpty } from './lists.js'
+import { extended } from './policy-fields.js'
 import type { Decision, DecisionSource, Policy } from './types.js'
 
 /**
@@ -138,12 +139,9 @@ export function shadowed (decision: Decision): Decision {
   return out
 }
 
-/** Whether a list takes the path of the extras: shadow mode, a lockout or a reservation. */
+/** Whether a list takes the path of the extras: shadow mode, a lockout or a reservation (lib/core/policy-fields.ts EXTENDED). */
 export function special (list: readonly Policy[]): boolean {
-  for (const policy of list) {
-    if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
-  }
-  return false
+  return list.some(extended)
 }
 
 /** A decision of lua/token-bucket-ext.lua (or the MemoryStore's), and how long to wait before using its tokens. */

@@ -10,7 +10,8 @@ import { KeyNames, WARM_TIMEOUT_MS } from './key-secret.js'
 import { MemoryStore } from '../store/memory-store.js'
 import { Metrics } from './metrics.js'
 import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyString, positiveNumber } from './options.js'
-import { checkLimiterOptions, checkPolicies, checkPolicy, costBound, maxCost, unsettled } from './policy.js'
+import { checkLimiterOptions, checkPolicies, checkPolicy } from './policy.js'
+import { checkCombination, checkCost } from './policy-fields.js'
 import { processWarnings } from './process-warnings.js'
 import { RedisStore } from '../store/redis-store.js'
 import type { StoreClient } from '../store/client.js'
@@ -192,9 +193,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
     if (typeof clientKey !== 'string') throw optionError('clientKey', clientKey, 'a string')
     if (cost === undefined) return
     positiveNumber(cost, 'cost')
-    for (const policy of list) {
-      if (cost > maxCost(policy)) throw optionError('cost', cost, `at most ${costBound(policy)} of bucket "${policy.bucket}"`)
-    }
+    for (const policy of list) checkCost(cost, policy, (bound) => optionError('cost', cost, `at most ${bound} of bucket "${policy.bucket}"`))
   }
 
   async function decide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
@@ -209,10 +208,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
     async reserve (clientKey, policy, cost): Promise<Reservation> {
       const list = policiesOf(policy)
       checkCall(clientKey, list, cost)
-      for (const p of list) {
-        if (p.lease !== undefined) throw optionError('policy.lease', p.lease, 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach')
-        unsettled(p, 'policy.')
-      }
+      for (const p of list) checkCombination(p, ['reserve'], 'policy.')
       return await engine.reserve(clientKey, list, cost === undefined ? undefined : list.map(() => cost))
     },
     settle: (reservation, actual) => parts.book.settle(reservation, actual),
