@@ -200,7 +200,8 @@ function byKeys (pending: readonly Pending[]): IterableIterator<Pending[]> {
   const groups = new Map<string, Pending[]>()
   for (const p of pending) {
     // A decision has one bucket at least: one key is the common case, named without a copy.
-    const name = p.specs.length === 1 ? (p.specs[0] as BucketSpec).key : p.specs.map((spec) => spec.key).join('\n')
+    const [first] = p.specs
+    const name = p.specs.length === 1 && first !== undefined ? first.key : p.specs.map((spec) => spec.key).join('\n')
     const group = groups.get(name)
     if (group === undefined) groups.set(name, [p])
     else group.push(p)
@@ -478,10 +479,10 @@ export class RedisStore implements RemoteStore {
     const args: Array<string | number> = settleKeys(specs)
     args.push('2')
     // One change and one mark per bucket: lib/core/settle.ts passes them so.
-    for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i] as BucketSpec // i < specs.length
-      const { epoch, mark, floor } = marks[i] as ReserveMark
-      args.push(spec.capacity * (1e6 / spec.refillPerSecond), changes[i] as number, epoch, mark, floor)
+    for (const [i, spec] of specs.entries()) {
+      const mark = marks[i]
+      const change = changes[i]
+      if (mark !== undefined && change !== undefined) args.push(spec.capacity * (1e6 / spec.refillPerSecond), change, mark.epoch, mark.mark, mark.floor)
     }
     const reply = await this.#run(SETTLE, 2 * specs.length, args)
     return specs.map((_, i) => numberAt(reply, i, SETTLE_S))
