@@ -20,6 +20,7 @@ import type { Guard } from './guard.js'
 import { LeaseFlights, type LeaseBook, type LeaseCalls } from './lease.js'
 import type { KeyNames } from './key-secret.js'
 import { isNonEmpty, mapNonEmpty, type NonEmpty } from './lists.js'
+import { extScript } from './policy-fields.js'
 import type { Metrics } from './metrics.js'
 import type { Remote } from './remote.js'
 import type { Settlements } from './settle.js'
@@ -196,7 +197,7 @@ export class Engine {
   /** One list of policies of one kind: a lockout or reservation, or a plain decision. */
   #one (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean): Promise<Decision> {
     const [only] = list
-    if (list.length === 1 && (only.lockout !== undefined || only.maxWaitMs !== undefined)) return this.#extended(clientKey, only, costs?.[0], consume)
+    if (list.length === 1 && extScript(only)) return this.#extended(clientKey, only, costs?.[0], consume)
     return this.#plain(clientKey, list, costs, consume, (decision) => decision)
   }
 

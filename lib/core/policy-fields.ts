@@ -34,8 +34,12 @@ interface Field<T> {
   readonly required?: string | typeof EXPECTED
   /** Sent to the store with each bucket (lib/store/store.ts BucketSpec). */
   readonly store?: true
-  /** Takes the extended decision path (lib/core/engine.ts `#extras`): shadow mode, a lockout, a wait. */
-  readonly extended?: true
+  /**
+   * Takes the extended decision path (lib/core/engine.ts `#extras`): in a
+   * call of its own after the enforced policies (`shadow`), or decided by
+   * lua/token-bucket-ext.lua on its one bucket (`ext`: a lockout, a wait).
+   */
+  readonly path?: 'shadow' | 'ext'
   /** Why each use refuses the field when it is set (true for a boolean); absent: allowed. */
   readonly refused?: Readonly<Partial<Record<Use, string>>>
 }
@@ -65,10 +69,10 @@ export const POLICY_FIELDS = {
       settle: 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it'
     }
   }),
-  shadow: field(isBoolean, { extended: true, refused: { reserve: UNSETTLED, settle: UNSETTLED } }),
-  lockout: field(lockout, { extended: true, refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED } }),
+  shadow: field(isBoolean, { path: 'shadow', refused: { reserve: UNSETTLED, settle: UNSETTLED } }),
+  lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED } }),
   maxWaitMs: field(maxWaitMs, {
-    extended: true,
+    path: 'ext',
     refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
   })
 } satisfies { readonly [K in keyof Policy]-?: Field<NonNullable<Policy[K]>> }
@@ -83,7 +87,9 @@ export const CORE_POLICY_CHECKS = Object.fromEntries(NAMES.map((name) => [name, 
 export const STORE_FIELDS: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].store === true)
 
 /** The fields that take the extended decision path when set. */
-export const EXTENDED: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].extended === true)
+export const EXTENDED: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].path !== undefined)
+/** The fields lua/token-bucket-ext.lua decides. */
+const EXT_SCRIPT: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].path === 'ext')
 
 /** A field counts as used when set, and a boolean when true. */
 function isSet (value: unknown): boolean {
@@ -93,6 +99,11 @@ function isSet (value: unknown): boolean {
 /** Whether a policy uses any field that takes the extended decision path. */
 export function extended (policy: Policy): boolean {
   return EXTENDED.some((name) => isSet(policy[name]))
+}
+
+/** Whether a policy is decided by lua/token-bucket-ext.lua (a lockout, a wait): alone, as a list refuses those fields. */
+export function extScript (policy: Policy): boolean {
+  return EXT_SCRIPT.some((name) => isSet(policy[name]))
 }
 
 /** A policy's own fields out of a record that holds others too (a route's merged settings), for parsePolicy. */
