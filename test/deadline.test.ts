@@ -9,6 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import v8 from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import t from 'tap'
+import { realTime } from '../lib/core/clock.js'
 import { Deadlines } from '../lib/core/deadline.js'
 import { MAX_TIMEOUT } from '../lib/core/options.js'
 import { createLimiter, type Policy } from '../lib/index.js'
@@ -45,7 +46,7 @@ t.test('a reply waiting in the socket when the deadline timer fires wins', async
 
 t.test('a deadline expires on its clock, and a late settlement is refused', async (t) => {
   let now = 100
-  const deadlines = new Deadlines(() => now)
+  const deadlines = new Deadlines({ ...realTime, now: () => now })
   const alive = setInterval(() => {}, 1000)
   t.teardown(() => clearInterval(alive))
   const errors: Error[] = []

@@ -6,6 +6,7 @@
 import diagnostics from 'node:diagnostics_channel'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
+import { realTime } from '../lib/core/clock.js'
 import { Guard } from '../lib/core/guard.js'
 import { RedisStore } from '../lib/store/redis-store.js'
 import type { BucketSpec } from '../lib/store/store.js'
@@ -40,7 +41,7 @@ t.test('cool-down, probe and recovery follow the injected clock', async (t) => {
   const redis = await sharedRedis(t)
   let now = 5000
   const { logger: log, lines } = logger()
-  const guard = new Guard(new RedisStore(redis), { failures: 3, cooldownMs: 1000 }, log, () => now)
+  const guard = new Guard(new RedisStore(redis), { failures: 3, cooldownMs: 1000 }, log, { ...realTime, now: () => now })
   const states = watchBreaker(t)
   const specs = [spec()]
   let pings = 0
@@ -85,7 +86,7 @@ t.test('cool-down, probe and recovery follow the injected clock', async (t) => {
 t.test('deadlines follow the injected clock too', async (t) => {
   const redis = await sharedRedis(t)
   let now = 0
-  const guard = new Guard(new RedisStore(redis), { failures: 5, cooldownMs: 1000 }, undefined, () => now)
+  const guard = new Guard(new RedisStore(redis), { failures: 5, cooldownMs: 1000 }, undefined, { ...realTime, now: () => now })
   // Redis is alive and keeps the process running; the call never settles.
   const alive = setInterval(() => {}, 1000)
   t.teardown(() => clearInterval(alive))

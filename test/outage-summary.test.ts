@@ -26,21 +26,34 @@ import { storeTarget, RedisStore } from '../lib/store/redis-store.js'
 import type { RedisClient } from '../lib/store/client.js'
 import { createClient, createCluster } from 'redis'
 import { GlideClient } from '@valkey/valkey-glide'
-import type { Timers } from '../lib/core/outage.js'
+import { realTime, type Time } from '../lib/core/clock.js'
 import { captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
 
 await redisUrl(t)
 
-/** Timers driven by the test: `tick()` runs every live repeating callback once. */
-function fakeTimers (): Timers & { tick (): void, live: number } {
-  const live = new Set<() => void>()
+/**
+ * The summary's timer driven by the test: `tick()` fires every live timer
+ * of the summary's period (`periodMs`) once, each arming the next period's;
+ * shorter ones (the calls' deadlines) run on the process's timers.
+ */
+function fakeTimers (periodMs: number): Pick<Time, 'set' | 'clear'> & { tick (): void, live: number } {
+  const live = new Set<{ fn: () => void }>()
   return {
-    every (_ms, fn) {
-      live.add(fn)
-      return { stop: () => { live.delete(fn) } }
+    set (fn, ms, keepAlive) {
+      if (ms !== periodMs) return realTime.set(fn, ms, keepAlive)
+      const timer = { fn }
+      live.add(timer)
+      return timer
     },
-    tick () { for (const fn of [...live]) fn() },
+    clear (handle) {
+      if (!live.delete(handle as { fn: () => void })) realTime.clear(handle)
+    },
+    tick () {
+      const due = [...live]
+      live.clear()
+      for (const timer of due) timer.fn()
+    },
     get live () { return live.size }
   }
 }
@@ -53,8 +66,8 @@ t.test('while the store fails: one summary per period with the decisions since t
   const logs = captureLogs()
   const logger = pino({ level: 'info' }, logs.stream)
   let now = 0
-  const timers = fakeTimers()
-  const guard = new Guard(new RedisStore(redis), { failures: 100, cooldownMs: 1000 }, logger, () => now, undefined, { summaryMs: 10_000, timers, target: '127.0.0.1:1' })
+  const timers = fakeTimers(10_000)
+  const guard = new Guard(new RedisStore(redis), { failures: 100, cooldownMs: 1000 }, logger, { ...realTime, ...timers, now: () => now }, undefined, { summaryMs: 10_000, target: '127.0.0.1:1' })
   const spec = [{ key: `${uniquePrefix()}:{c}:b`, capacity: 10, refillPerSecond: 1, cost: 1 }]
 
   guard.fellBack('fail-open')

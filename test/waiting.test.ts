@@ -14,11 +14,12 @@ import t from 'tap'
 import tollgate, { createLimiter, type Decision, type Policy } from '../lib/index.js'
 import { MemoryStore } from '../lib/store/memory-store.js'
 import type { ExtSpec } from '../lib/store/store.js'
-import { Waiters, type Timers } from '../lib/core/waiters.js'
+import type { Time } from '../lib/core/clock.js'
+import { Waiters } from '../lib/core/waiters.js'
 import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
 
 /** Fake clock and timers: a timer fires when the test says so. */
-function fakeTime (): { now: () => number, timers: Timers, pending: Array<{ fn: () => void, ms: number }>, advance: (ms: number) => void } {
+function fakeTime (): { now: () => number, timers: Pick<Time, 'set' | 'clear'>, pending: Array<{ fn: () => void, ms: number }>, advance: (ms: number) => void } {
   let clock = 0
   const pending: Array<{ fn: () => void, ms: number }> = []
   return {
@@ -31,7 +32,7 @@ function fakeTime (): { now: () => number, timers: Timers, pending: Array<{ fn: 
 
 t.test('Waiters: a capped pool, a monotonic deadline, a timer that fires early re-armed, close() ends every wait', async (t) => {
   const time = fakeTime()
-  const pool = new Waiters(2, time.now, time.timers)
+  const pool = new Waiters(2, { now: time.now, ...time.timers })
   t.ok(pool.take() && pool.take(), 'two slots')
   t.notOk(pool.take(), 'the third is refused')
   pool.release()
@@ -52,19 +53,19 @@ t.test('Waiters: a capped pool, a monotonic deadline, a timer that fires early r
   t.equal(await held, 400, 'close(): the wait ends with what was left')
   t.same(time.pending, [], 'its timer cleared')
   t.notOk(pool.take(), 'closed: no new slot')
-  const late = new Waiters(1, time.now, time.timers)
+  const late = new Waiters(1, { now: time.now, ...time.timers })
   t.ok(late.take())
   late.close()
   t.equal(await late.wait(30), 30, 'a wait that starts after close() ends at once')
   t.equal(late.size, 0)
-  const zero = new Waiters(1, time.now, time.timers)
+  const zero = new Waiters(1, { now: time.now, ...time.timers })
   zero.take()
   t.equal(await zero.wait(0), 0, 'no delay: no timer')
 })
 
 t.test('Waiters: released in the order of their due times, whatever order their timers fire in', async (t) => {
   const time = fakeTime()
-  const pool = new Waiters(4, time.now, time.timers)
+  const pool = new Waiters(4, { now: time.now, ...time.timers })
   for (let i = 0; i < 4; i++) t.ok(pool.take())
   const released: number[] = []
   const waits = [20, 40, 60, 100].map((ms) => pool.wait(ms).then(() => { released.push(ms) }))

@@ -1,10 +1,5 @@
+import { realTime, type Time, type TimerHandle } from './clock.js'
 import { StoreError } from './errors.js'
-
-/** Monotonic milliseconds, as from performance.now(). */
-export type Clock = () => number
-
-/** The default clock: monotonic, so a step of the wall clock changes no duration. */
-export const monotonic: Clock = () => performance.now()
 
 /**
  * Deadlines for store calls without a timer per call.
@@ -25,18 +20,20 @@ export const monotonic: Clock = () => performance.now()
  * unanswered. A reply that arrived in time wins: what counts is Redis's
  * lateness, not the app's.
  *
- * The timer is unref'd: a pending deadline never keeps the process alive.
+ * The timer is the limiter's Time's (lib/core/clock.ts), not kept alive: a
+ * pending deadline never keeps the process alive, and on a test's fake
+ * Time it fires when the test moves the clock.
  */
 export class Deadlines {
-  readonly #clock: Clock
+  readonly #time: Time
   readonly #queues = new Map<number, Queue>()
-  #timer: NodeJS.Timeout | undefined
+  #timer: TimerHandle | undefined
   #armedAt = Infinity
   /** Expired calls awaiting confirmation after the next poll phase. */
   #due: Entry[] = []
 
-  constructor (clock: Clock = monotonic) {
-    this.#clock = clock
+  constructor (time: Time = realTime) {
+    this.#time = time
   }
 
   /**
@@ -44,7 +41,7 @@ export class Deadlines {
    * `expire` runs once `ms` have passed (and the loop has read its sockets).
    */
   start (ms: number, expire: (err: StoreError) => void): Deadline {
-    const startedAt = this.#clock()
+    const startedAt = this.#time.now()
     let queue = this.#queues.get(ms)
     if (queue === undefined) this.#queues.set(ms, queue = { ms, head: undefined, tail: undefined })
     const entry = new Entry(startedAt, ms, queue, expire)
@@ -81,15 +78,15 @@ export class Deadlines {
   }
 
   #arm (at: number): void {
-    if (this.#timer !== undefined) clearTimeout(this.#timer)
+    this.#time.clear(this.#timer)
     this.#armedAt = at
-    this.#timer = setTimeout(this.#expire, Math.max(0, at - this.#clock())).unref()
+    this.#timer = this.#time.set(this.#expire, Math.max(0, at - this.#time.now()), false)
   }
 
   readonly #expire = (): void => {
     this.#timer = undefined
     this.#armedAt = Infinity
-    const now = this.#clock()
+    const now = this.#time.now()
     let next = Infinity
     for (const queue of this.#queues.values()) {
       let entry = queue.head

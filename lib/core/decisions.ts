@@ -1,9 +1,12 @@
-// Decisions from replies, and the failure modes, written once. Pure: no
-// store, no clock, no I/O; the limiter (lib/core/limiter.ts) and the
-// settlements (lib/core/settle.ts) both build their decisions here.
+// Decisions from replies, and the failure modes, written once. No store,
+// no clock, no I/O; the limiter (lib/core/limiter.ts) and the settlements
+// (lib/core/settle.ts) both build their decisions here, and both apply a
+// failure mode through failOver, the one place that does.
 
 import type { BucketSpec, BucketState, ExtReply, StoreReply } from '../store/store.js'
 import { wholeTokens } from '../store/store.js'
+import { isNonEmpty, type NonEmpty } from './lists.js'
+import { extended } from './policy-fields.js'
 import type { Decision, DecisionSource, Policy } from './types.js'
 
 /**
@@ -79,7 +82,7 @@ export function failed (list: readonly Policy[], source: 'fail-open' | 'fail-clo
 export type Fallback =
   | { readonly mode: 'fail-closed' }
   | { readonly mode: 'fail-open' }
-  | { readonly mode: 'local', readonly list: readonly Policy[], readonly specs: readonly BucketSpec[] }
+  | { readonly mode: 'local', readonly list: NonEmpty<Policy>, readonly specs: NonEmpty<BucketSpec> }
 
 export function fallbackOf (list: readonly Policy[], specs: readonly BucketSpec[]): Fallback {
   if (list.some((p) => p.failureMode === 'closed' && p.shadow !== true)) return { mode: 'fail-closed' }
@@ -95,7 +98,29 @@ export function fallbackOf (list: readonly Policy[], specs: readonly BucketSpec[
       localSpecs.push({ key: spec.key, capacity, refillPerSecond, cost: spec.cost })
     }
   }
-  return localList.length === 0 ? { mode: 'fail-open' } : { mode: 'local', list: localList, specs: localSpecs }
+  return isNonEmpty(localList) && isNonEmpty(localSpecs) ? { mode: 'local', list: localList, specs: localSpecs } : { mode: 'fail-open' }
+}
+
+/** What failOver needs of the guard: the outage's counts, and the breaker's rest. */
+export interface FailureSink {
+  fellBack (source: Fallback['mode']): void
+  readonly cooldownLeftMs: number
+}
+
+/**
+ * Applies the failure modes of a list whose store call failed (deadline,
+ * breaker, error), counting the fallback decision in the outage's lines:
+ * failing closed or open spends nothing (`unspent` gets the decision);
+ * 'local' runs `local` on the in-process fallback's policies and buckets
+ * (a decision, a reservation or a lockout's decision, as the caller does).
+ */
+export function failOver<R> (guard: FailureSink, list: readonly Policy[], specs: readonly BucketSpec[],
+  local: (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>) => R, unspent: (decision: Decision) => R): R {
+  const plan = fallbackOf(list, specs)
+  guard.fellBack(plan.mode)
+  if (plan.mode === 'fail-closed') return unspent(failed(list, 'fail-closed', closedRetryMs(guard.cooldownLeftMs)))
+  if (plan.mode === 'fail-open') return unspent(failed(list, 'fail-open', 0))
+  return local(plan.list, plan.specs)
 }
 
 /** How long a request closed by an outage is told to wait: the breaker's rest, at least a second. */
@@ -114,12 +139,9 @@ export function shadowed (decision: Decision): Decision {
   return out
 }
 
-/** Whether a list takes the path of the extras: shadow mode, a lockout or a reservation. */
+/** Whether a list takes the path of the extras: shadow mode, a lockout or a reservation (lib/core/policy-fields.ts EXTENDED). */
 export function special (list: readonly Policy[]): boolean {
-  for (const policy of list) {
-    if (policy.shadow === true || policy.lockout !== undefined || policy.maxWaitMs !== undefined) return true
-  }
-  return false
+  return list.some(extended)
 }
 
 /** A decision of lua/token-bucket-ext.lua (or the MemoryStore's), and how long to wait before using its tokens. */

@@ -1,4 +1,4 @@
-import { monotonic, type Clock } from './deadline.js'
+import { realTime, type Clock } from './clock.js'
 import { Lru } from './lru.js'
 import { Marks } from './marks.js'
 import type { BucketSpec } from '../store/store.js'
@@ -62,7 +62,7 @@ export class DenialCache {
   readonly #marks: Marks
   readonly #clock: Clock
 
-  constructor (maxKeys: number, maxAgeMs = DEFAULT_MAX_AGE_MS, clock: Clock = monotonic) {
+  constructor (maxKeys: number, maxAgeMs = DEFAULT_MAX_AGE_MS, clock: Clock = realTime.now) {
     this.#clock = clock
     this.#entries = new Lru<Denial>(maxKeys, (id, entry) => { this.#unindex(id, entry) })
     this.#maxAgeMs = maxAgeMs

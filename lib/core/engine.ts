@@ -8,20 +8,19 @@
 // (lib/core/remote.ts) holds what only a remote store needs, so each path
 // branches once on whether there is one, never on casts.
 //
-// The `as` left here read a list at an index that holds something by
-// construction, which TypeScript's noUncheckedIndexedAccess cannot see: a
-// list of policies is never empty (createLimiter and route compilation
-// refuse an empty one), a decision has one BucketSpec per policy, in order
-// (specsOf), and a lease or a lockout serves a list of one.
+// A list of policies is never empty (createLimiter and route compilation
+// refuse an empty one), and a decision has one BucketSpec per policy, in
+// order (specsOf): both are typed NonEmpty (lib/core/lists.ts), so a path
+// that serves one policy (a lease, a lockout) reads the first without a cast.
 
 import diagnostics from 'node:diagnostics_channel'
-import type { Clock } from './deadline.js'
-import {
-  batchHoldMs, closedRetryMs, extOutcome, failed, fallbackOf, shadowed, special, summarize, timeoutOf, type ExtOutcome
-} from './decisions.js'
+import type { Time } from './clock.js'
+import { batchHoldMs, extOutcome, failOver, shadowed, special, summarize, timeoutOf, type ExtOutcome } from './decisions.js'
 import type { Guard } from './guard.js'
 import { LeaseFlights, type LeaseBook, type LeaseCalls } from './lease.js'
 import type { KeyNames } from './key-secret.js'
+import { isNonEmpty, mapNonEmpty, type NonEmpty } from './lists.js'
+import { extScript } from './policy-fields.js'
 import type { Metrics } from './metrics.js'
 import type { Remote } from './remote.js'
 import type { Settlements } from './settle.js'
@@ -37,7 +36,8 @@ export const decisionChannel = diagnostics.channel('tollgate:decision')
 export interface EngineParts {
   readonly prefix: string
   readonly defaultTimeout: number
-  readonly clock: Clock
+  /** The limiter's clock and timers (lib/core/clock.ts). */
+  readonly time: Time
   /** The store without Redis. */
   readonly memory: MemoryStore
   /** The in-process fallback of failureMode 'local'. */
@@ -53,7 +53,10 @@ export interface EngineParts {
 }
 
 type Lease = NonNullable<Policy['lease']>
-type Costs = readonly number[] | undefined
+/** One cost per policy (undefined: each policy's own). */
+type Costs = ReadonlyArray<number | undefined> | undefined
+/** A policy of a list, with its cost in this call. */
+interface Entry { readonly policy: Policy, readonly cost: number | undefined }
 
 export class Engine {
   readonly #parts: EngineParts
@@ -68,15 +71,12 @@ export class Engine {
   }
 
   /** The key of each policy's bucket for this client, with the cost to spend. */
-  specsOf (clientKey: string, list: readonly Policy[], costs: Costs): BucketSpec[] {
+  specsOf (clientKey: string, list: NonEmpty<Policy>, costs: Costs): NonEmpty<BucketSpec> {
     const id = this.#parts.names.clientPart(clientKey)
-    const specs: BucketSpec[] = []
-    for (let i = 0; i < list.length; i++) {
-      const policy = list[i] as Policy
+    return mapNonEmpty(list, (policy, i) => {
       const spend = costs?.[i] ?? policy.cost ?? 1
-      specs.push({ key: this.keyOf(id, policy.bucket), capacity: policy.capacity, refillPerSecond: policy.refillPerSecond, cost: spend })
-    }
-    return specs
+      return { key: this.keyOf(id, policy.bucket), capacity: policy.capacity, refillPerSecond: policy.refillPerSecond, cost: spend }
+    })
   }
 
   /** The key of `bucket` for a client part (KeyNames.clientPart). */
@@ -99,18 +99,18 @@ export class Engine {
    * reply or by the deadline, never wrapped again. Shadow mode, lockouts and
    * reservations take a path of their own (the extras, below).
    */
-  decide (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean): Promise<Decision> {
+  decide (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean): Promise<Decision> {
     const naming = this.#named(timeoutOf(list, this.#parts.defaultTimeout))
     if (naming !== undefined) return naming.then(() => this.#decide(clientKey, list, costs, consume))
     return this.#decide(clientKey, list, costs, consume)
   }
 
-  #decide (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean): Promise<Decision> {
+  #decide (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean): Promise<Decision> {
     if (special(list)) return this.#extras(clientKey, list, costs, consume).then((decision) => this.#published(clientKey, decision))
     return this.#plain(clientKey, list, costs, consume, (decision) => this.#published(clientKey, decision))
   }
 
-  async reserve (clientKey: string, list: readonly Policy[], costs: Costs): Promise<Reservation> {
+  async reserve (clientKey: string, list: NonEmpty<Policy>, costs: Costs): Promise<Reservation> {
     await this.#named(timeoutOf(list, this.#parts.defaultTimeout))
     const reservation = await this.#book.reserve(list, this.specsOf(clientKey, list, costs))
     this.#published(clientKey, reservation.decision)
@@ -127,11 +127,11 @@ export class Engine {
     leases.forget(key)
     const remote = this.#remote
     if (remote === undefined) return
-    remote.denials?.reset(key, this.#parts.clock())
+    remote.denials?.reset(key, this.#parts.time.now())
     await remote.guard.reset(key, defaultTimeout)
     // Again once Redis has applied it: a call in flight meanwhile may have
     // been decided before the reset, and its reply comes after.
-    remote.denials?.reset(key, this.#parts.clock())
+    remote.denials?.reset(key, this.#parts.time.now())
     leases.forget(key)
     await remote.changes?.reset(key, defaultTimeout)
   }
@@ -148,18 +148,18 @@ export class Engine {
     metrics?.close()
   }
 
-  #plain (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean, out: (d: Decision) => Decision): Promise<Decision> {
+  #plain (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean, out: (d: Decision) => Decision): Promise<Decision> {
     const specs = this.specsOf(clientKey, list, costs)
     const remote = this.#remote
     if (remote === undefined) return Promise.resolve(out(summarize(list, this.#parts.memory.decideSync(specs, consume), 'store')))
     const { guard, denials } = remote
-    const id = specs.length === 1 ? (specs[0] as BucketSpec).key : specs.map((s) => s.key).join('\n')
-    const only = list[0] as Policy
+    const id = specs.length === 1 ? specs[0].key : specs.map((s) => s.key).join('\n')
+    const [only] = list
     const cached = consume && only.lease === undefined ? denials?.get(id, specs) : undefined
     if (cached !== undefined) return Promise.resolve(out(cached))
     if (only.lease !== undefined && list.length === 1) {
       if (consume) return this.#leased(remote, only, only.lease, specs).then(out)
-      return this.#leasedPeek(remote, only, only.lease, specs[0] as BucketSpec).then(out)
+      return this.#leasedPeek(remote, only, only.lease, specs[0]).then(out)
     }
     return guard.decide(specs, consume, timeoutOf(list, this.#parts.defaultTimeout), (reply, sentAt) => {
       const decision = summarize(list, reply, 'store')
@@ -173,21 +173,21 @@ export class Engine {
    * are decided after them, in a call of their own, spending only when the
    * request was allowed (as they would if enforced), and never refuse.
    */
-  async #extras (clientKey: string, list: readonly Policy[], costs: Costs, consume: boolean): Promise<Decision> {
-    const enforced: number[] = []
-    const shadow: number[] = []
-    list.forEach((policy, i) => (policy.shadow === true ? shadow : enforced).push(i))
-    const part = (at: number[]): [Policy[], number[] | undefined] => [at.map((i) => list[i] as Policy), costs === undefined ? undefined : at.map((i) => costs[i] as number)]
-    if (shadow.length === 0) return await this.#one(clientKey, ...part(enforced), consume)
-    if (enforced.length === 0) return shadowed(await this.#one(clientKey, ...part(shadow), consume))
-    const decided = await this.#one(clientKey, ...part(enforced), consume)
-    const shadows = shadowed(await this.#one(clientKey, ...part(shadow), consume && decided.allowed))
+  async #extras (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean): Promise<Decision> {
+    const entries = mapNonEmpty(list, (policy, i): Entry => ({ policy, cost: costs?.[i] }))
+    const enforced = entries.filter((e) => e.policy.shadow !== true)
+    const shadow = entries.filter((e) => e.policy.shadow === true)
+    // All of one kind: the list is that kind's, in its order.
+    if (!isNonEmpty(shadow)) return await this.#one(clientKey, list, costs, consume)
+    if (!isNonEmpty(enforced)) return shadowed(await this.#one(clientKey, list, costs, consume))
+    const decided = await this.#one(clientKey, mapNonEmpty(enforced, (e) => e.policy), enforced.map((e) => e.cost), consume)
+    const shadows = shadowed(await this.#one(clientKey, mapNonEmpty(shadow, (e) => e.policy), shadow.map((e) => e.cost), consume && decided.allowed))
+    // Each side's decisions come in the order of its policies in the list.
+    const sides = { enforced: (decided.policies ?? [decided]).values(), shadow: (shadows.policies ?? [shadows]).values() }
     const byPolicy: Decision[] = []
-    const from = [decided.policies ?? [decided], shadows.policies ?? [shadows]]
-    const next = [0, 0]
     for (const policy of list) {
-      const side = policy.shadow === true ? 1 : 0
-      byPolicy.push((from[side] as readonly Decision[])[(next[side] as number)++] as Decision)
+      const next = sides[policy.shadow === true ? 'shadow' : 'enforced'].next()
+      if (next.done !== true) byPolicy.push(next.value)
     }
     const combined: Decision = { ...decided, policies: byPolicy }
     if (decided.allowed && shadows.shadow === true) combined.shadow = true
@@ -195,9 +195,9 @@ export class Engine {
   }
 
   /** One list of policies of one kind: a lockout or reservation, or a plain decision. */
-  #one (clientKey: string, list: Policy[], costs: number[] | undefined, consume: boolean): Promise<Decision> {
-    const only = list[0] as Policy
-    if (list.length === 1 && (only.lockout !== undefined || only.maxWaitMs !== undefined)) return this.#extended(clientKey, only, costs?.[0], consume)
+  #one (clientKey: string, list: NonEmpty<Policy>, costs: Costs, consume: boolean): Promise<Decision> {
+    const [only] = list
+    if (list.length === 1 && extScript(only)) return this.#extended(clientKey, only, costs?.[0], consume)
     return this.#plain(clientKey, list, costs, consume, (decision) => decision)
   }
 
@@ -208,11 +208,13 @@ export class Engine {
    * a plain denial must reach the store, which counts it.
    */
   async #extended (clientKey: string, policy: Policy, cost: number | undefined, consume: boolean): Promise<Decision> {
-    const { waiters, clock } = this.#parts
-    const spec = this.specsOf(clientKey, [policy], cost === undefined ? undefined : [cost])[0] as ExtSpec
-    spec.maxWaitUs = (policy.maxWaitMs ?? 0) * 1000
-    spec.mayWait = consume && policy.maxWaitMs !== undefined && waiters.take()
-    spec.lockout = policy.lockout
+    const { waiters, time } = this.#parts
+    const spec: ExtSpec = {
+      ...this.specsOf(clientKey, [policy], [cost])[0],
+      maxWaitUs: (policy.maxWaitMs ?? 0) * 1000,
+      mayWait: consume && policy.maxWaitMs !== undefined && waiters.take(),
+      lockout: policy.lockout
+    }
     const remote = this.#remote
     let outcome: ExtOutcome
     if (remote === undefined) {
@@ -226,23 +228,24 @@ export class Engine {
       if (spec.mayWait) waiters.release()
       return decision
     }
-    const started = clock()
+    const started = time.now()
     const leftMs = await waiters.wait(delayUs / 1000)
-    if (leftMs === 0) return { ...decision, waitedMs: clock() - started }
+    if (leftMs === 0) return { ...decision, waitedMs: time.now() - started }
     return { ...decision, allowed: false, retryAfterMs: leftMs }
   }
 
   async #extStore (remote: Remote, policy: Policy, spec: ExtSpec, consume: boolean): Promise<ExtOutcome> {
     const { guard, store, denials } = remote
-    const sentAt = this.#parts.clock()
+    const sentAt = this.#parts.time.now()
     let reply: ExtReply
     try {
       reply = await guard.run(() => store.decideExt(spec, consume), policy.timeout ?? this.#parts.defaultTimeout, [spec])
     } catch {
-      const local = policy.local
-      if (policy.failureMode !== 'local' || local === undefined) return { decision: this.#fallback(guard, [policy], [spec], consume), delayUs: 0 }
-      guard.fellBack('local')
-      return extOutcome({ ...policy, ...local }, this.#parts.local.decideExtSync({ ...spec, ...local }, consume), 'local')
+      // 'local': the policy at its local sizes, on the same key, with its lockout and wait.
+      return failOver(guard, [policy], [spec], ([local]) => {
+        const sizes = { capacity: local.capacity, refillPerSecond: local.refillPerSecond }
+        return extOutcome(local, this.#parts.local.decideExtSync({ ...spec, ...sizes }, consume), 'local')
+      }, (decision) => ({ decision, delayUs: 0 }))
     }
     const outcome = extOutcome(policy, reply, 'store')
     if (reply.locked && consume) denials?.set(spec.key, [spec], outcome.decision, sentAt)
@@ -263,13 +266,13 @@ export class Engine {
    * for a lease call (lib/core/lease.ts: one in flight per bucket, the rest of
    * the old batch given back with it).
    */
-  async #leased (remote: Remote, policy: Policy, lease: Lease, specs: BucketSpec[]): Promise<Decision> {
+  async #leased (remote: Remote, policy: Policy, lease: Lease, specs: NonEmpty<BucketSpec>): Promise<Decision> {
     const { leases, defaultTimeout } = this.#parts
-    const served = leases.spend(policy, specs[0] as BucketSpec, lease.maxAgeMs)
+    const served = leases.spend(policy, specs[0], lease.maxAgeMs)
     if (served !== undefined) return served
-    this.#flights ??= new LeaseFlights(leases, this.#leaseCalls(remote))
+    this.#flights ??= new LeaseFlights(leases, this.#leaseCalls(remote), this.#parts.time)
     const request = { policy, lease, specs, timeoutMs: policy.timeout ?? defaultTimeout }
-    const decision = remote.denials?.get((specs[0] as BucketSpec).key, specs) ?? await this.#flights.decide(request)
+    const decision = remote.denials?.get(specs[0].key, specs) ?? await this.#flights.decide(request)
     return decision ?? this.#fallback(remote.guard, [policy], specs, true)
   }
 
@@ -304,7 +307,7 @@ export class Engine {
       }, timeoutMs, [spec]),
       decide (request, reply, sentAt) {
         const { policy, lease, specs } = request
-        const spec = specs[0] as BucketSpec
+        const [spec] = specs
         const bucket = { ...reply.bucket, remaining: reply.bucket.remaining + Math.max(0, reply.taken - spec.cost) }
         const decision = summarize([policy], { allowed: reply.taken > 0, buckets: [bucket] }, 'store')
         if (!decision.allowed && denials !== undefined) {
@@ -315,16 +318,12 @@ export class Engine {
         }
         return decision
       },
-      denied: (request) => denials?.get((request.specs[0] as BucketSpec).key, request.specs)
+      denied: (request) => denials?.get(request.specs[0].key, request.specs)
     }
   }
 
-  /** The failure modes (lib/core/decisions.ts) of a consume or peek the store did not answer. */
+  /** The failure modes (lib/core/decisions.ts failOver) of a consume or peek the store did not answer. */
   #fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], consume: boolean): Decision {
-    const plan = fallbackOf(list, specs)
-    guard.fellBack(plan.mode)
-    if (plan.mode === 'fail-closed') return failed(list, 'fail-closed', closedRetryMs(guard.cooldownLeftMs))
-    if (plan.mode === 'fail-open') return failed(list, 'fail-open', 0)
-    return summarize(plan.list, this.#parts.local.decideSync(plan.specs, consume), 'local')
+    return failOver(guard, list, specs, (local, localSpecs) => summarize(local, this.#parts.local.decideSync(localSpecs, consume), 'local'), (decision) => decision)
   }
 }

@@ -84,10 +84,11 @@ function keysOf (value: object): string {
  * failed); any other value previewed.
  */
 export function thrownPreview (cause: unknown): string {
-  const message: unknown = typeof cause === 'object' && cause !== null ? Reflect.get(cause, 'message') : undefined
+  if (typeof cause !== 'object' || cause === null) return preview(cause)
+  const message: unknown = Reflect.get(cause, 'message')
   if (typeof message !== 'string') return preview(cause)
-  const name: unknown = Reflect.get(cause as object, 'name')
-  const stack: unknown = Reflect.get(cause as object, 'stack')
+  const name: unknown = Reflect.get(cause, 'name')
+  const stack: unknown = Reflect.get(cause, 'stack')
   const frame = typeof stack === 'string' ? /\n\s+(at .*)/.exec(stack)?.[1] : undefined
   const text = `${typeof name === 'string' ? `${clip(name, 20)}: ` : ''}${clip(message, QUOTE_CHARS * 3)}`
   // A long frame keeps its end: the file, line and column.

@@ -1,7 +1,8 @@
 import diagnostics from 'node:diagnostics_channel'
-import { Deadlines, monotonic, type Clock, type Deadline } from './deadline.js'
+import { realTime, type Time } from './clock.js'
+import { Deadlines, type Deadline } from './deadline.js'
 import { StoreError, messageOf } from './errors.js'
-import { OutageLog, type Timers } from './outage.js'
+import { OutageLog } from './outage.js'
 import { commandRefused, reshardRefused, scriptsRefused, stillConnecting } from '../store/errors.js'
 import type { BucketSpec, Store, StoreReply } from '../store/store.js'
 import type { BreakerOptions, DecisionSource, Logger } from './types.js'
@@ -37,7 +38,6 @@ export interface GuardObserver {
 export interface GuardReport {
   /** Period of the summary line while the store fails, ms. */
   summaryMs?: number | undefined
-  timers?: Timers | undefined
   /** The store's address, for the log lines. */
   target?: string | undefined
 }
@@ -74,8 +74,8 @@ export function provesAlive (cause: unknown): boolean {
  * - Logs once when the store turns from healthy to failing, a summary at
  *   most once per period while it keeps failing, and once on recovery with
  *   the number of fallback decisions made meanwhile (lib/core/outage.ts).
- * - Durations come from `clock`, monotonic: a step of the wall clock
- *   neither prolongs nor cuts a cool-down.
+ * - Durations and deadlines come from `time` (lib/core/clock.ts), monotonic:
+ *   a step of the wall clock neither prolongs nor cuts a cool-down.
  * - An optional `observer` hears how long each store call took, from send
  *   to settle, and every breaker change (the limiter's metrics).
  *
@@ -89,7 +89,7 @@ export class Guard {
   readonly #breaker: BreakerOptions
   readonly #logger: Logger | undefined
   readonly #outage: OutageLog
-  readonly #clock: Clock
+  readonly #time: Time
   readonly #deadlines: Deadlines
   readonly #observer: GuardObserver | undefined
   #failures = 0
@@ -99,14 +99,14 @@ export class Guard {
   /** While set, no call reaches the store: each fails with it at once (see hold). */
   #held: StoreError | undefined
 
-  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, clock: Clock = monotonic, observer?: GuardObserver, report: GuardReport = {}) {
+  constructor (store: Store, breaker: BreakerOptions, logger: Logger | undefined, time: Time = realTime, observer?: GuardObserver, report: GuardReport = {}) {
     this.#store = store
     this.#breaker = breaker
     this.#logger = logger
-    this.#clock = clock
+    this.#time = time
     this.#observer = observer
-    this.#deadlines = new Deadlines(clock)
-    this.#outage = new OutageLog({ logger, clock, ...report })
+    this.#deadlines = new Deadlines(time)
+    this.#outage = new OutageLog({ logger, time, ...report })
   }
 
   get state (): 'healthy' | 'failing' {
@@ -115,7 +115,7 @@ export class Guard {
 
   /** Milliseconds until the breaker lets a probe through; 0 when closed. */
   get cooldownLeftMs (): number {
-    return this.#openUntil === undefined ? 0 : Math.max(0, this.#openUntil - this.#clock())
+    return this.#openUntil === undefined ? 0 : Math.max(0, this.#openUntil - this.#time.now())
   }
 
   /**
@@ -198,7 +198,7 @@ export class Guard {
   /** Whether a call may reach the store: undefined while the breaker skips it, else whether it is the probe. */
   #admit (): boolean | undefined {
     if (this.#openUntil === undefined) return false
-    if (this.#probing || this.#clock() < this.#openUntil) return undefined
+    if (this.#probing || this.#time.now() < this.#openUntil) return undefined
     this.#probing = true
     if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'half-open' })
     this.#observer?.breaker('half-open')
@@ -219,7 +219,7 @@ export class Guard {
     const start = (): Deadline => {
       if (deadline !== undefined) return deadline
       const started = this.#deadlines.start(timeoutMs, (err) => {
-        this.#observer?.call(this.#clock() - started.startedAt, 'timeout')
+        this.#observer?.call(this.#time.now() - started.startedAt, 'timeout')
         this.#failed(err, probe)
         failed(err)
       })
@@ -235,14 +235,14 @@ export class Guard {
     sent.then((value) => {
       const started = start()
       if (!this.#deadlines.settle(started)) return
-      this.#observer?.call(this.#clock() - started.startedAt, 'ok')
+      this.#observer?.call(this.#time.now() - started.startedAt, 'ok')
       if (proves) this.#succeeded()
       else if (probe) this.#probing = false
       done(value, started.startedAt)
     }, (cause: unknown) => {
       const started = start()
       if (!this.#deadlines.settle(started)) return
-      this.#observer?.call(this.#clock() - started.startedAt, 'error')
+      this.#observer?.call(this.#time.now() - started.startedAt, 'error')
       failed(this.#refused(cause, probe, specs))
     })
   }
@@ -277,7 +277,7 @@ export class Guard {
     // Opens on the threshold, or again when its probe fails; calls that were
     // already in flight and fail while it is open change nothing.
     if (probe || (this.#openUntil === undefined && this.#failures >= this.#breaker.failures)) {
-      this.#openUntil = this.#clock() + this.#breaker.cooldownMs
+      this.#openUntil = this.#time.now() + this.#breaker.cooldownMs
       if (breakerChannel.hasSubscribers) breakerChannel.publish({ state: 'open', cooldownMs: this.#breaker.cooldownMs })
       this.#observer?.breaker('open')
       this.#store.recover?.()

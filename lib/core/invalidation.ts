@@ -45,7 +45,8 @@
 
 import { randomUUID } from 'node:crypto'
 import type { StoreClient } from '../store/client.js'
-import { Deadlines, monotonic, type Clock } from './deadline.js'
+import { realTime, type Clock, type Time } from './clock.js'
+import { Deadlines } from './deadline.js'
 import { join, type Membership } from './subscription.js'
 import type { Logger } from './types.js'
 
@@ -73,9 +74,9 @@ export class Invalidations {
   /** A SUBSCRIBE, or a PUBLISH, failed since the last success: logged once. */
   #refused = { subscribe: false, publish: false }
 
-  constructor (client: StoreClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined, clock: Clock = monotonic) {
-    this.#clock = clock
-    this.#deadlines = new Deadlines(clock)
+  constructor (client: StoreClient, prefix: string, handlers: ChangeHandlers, logger: Logger | undefined, time: Time = realTime) {
+    this.#clock = () => time.now()
+    this.#deadlines = new Deadlines(time)
     this.#client = client
     this.#channel = `${prefix}:changes`
     this.#handlers = handlers

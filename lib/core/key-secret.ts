@@ -22,14 +22,14 @@ import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
 import type { Logger } from './types.js'
-import type { RedisStore } from '../store/redis-store.js'
+import type { RemoteStore } from '../store/store.js'
 
 /** How long start-up gives Redis to answer the secret's read (within the adapters' own start-up bound). */
 export const WARM_TIMEOUT_MS = 1000
 
 /** What reading the secret needs of a limiter with `redis`. */
 export interface SecretSource {
-  readonly store: RedisStore
+  readonly store: RemoteStore
   readonly guard: Guard
   readonly logger: Logger
 }
@@ -93,14 +93,15 @@ export class KeyNames {
       return
     }
     // The script replies with two values, each a string or nil.
-    const [secret, check] = (reply as unknown[]).map(text)
+    const [secret, check] = [reply].flat().map(text)
     if (option !== undefined) {
       if (check !== mine) logger.error({ key: checkKey }, `keySecret differs from the one another server of this fleet set (its digest is at ${checkKey}): the two name keys differently, so their buckets are split`)
       if (secret !== undefined) logger.error({ key: secretKey }, `servers of this fleet without keySecret use the random secret at ${secretKey}; this one sets keySecret: their buckets are split until every server sets the same keySecret`)
       return
     }
     if (check !== undefined) logger.error({ key: checkKey }, `another server of this fleet sets keySecret (its digest is at ${checkKey}); this one does not: their buckets are split until every server sets the same keySecret`)
-    this.#secret = Buffer.from(secret as string, 'utf8')
+    // The script sets the secret where it is missing, so it replies one.
+    if (secret !== undefined) this.#secret = Buffer.from(secret, 'utf8')
     guard.hold(undefined)
   }
 }

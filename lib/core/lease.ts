@@ -1,4 +1,6 @@
+import { realTime, type Clock, type Time } from './clock.js'
 import { Deadlines } from './deadline.js'
+import type { NonEmpty } from './lists.js'
 import { Marks } from './marks.js'
 import { wholeTokens, type BucketSpec, type LeaseReply } from '../store/store.js'
 import type { Decision, Policy } from './types.js'
@@ -9,8 +11,6 @@ export interface LeaseOptions {
   maxAgeMs: number
 }
 
-/** A monotonic clock, milliseconds (performance.now()). */
-export type Clock = () => number
 
 interface Lease {
   spec: BucketSpec
@@ -108,7 +108,7 @@ export class LeaseBook {
   readonly #resets: Marks
   readonly clock: Clock
 
-  constructor (maxKeys: number, clock: Clock = () => performance.now()) {
+  constructor (maxKeys: number, clock: Clock = realTime.now) {
     this.#maxKeys = maxKeys
     this.#resets = new Marks(maxKeys)
     this.clock = clock
@@ -230,7 +230,7 @@ export interface LeaseRequest {
   policy: Policy
   lease: LeaseOptions
   /** Its one bucket, in an array as the store and the denial cache take it. */
-  specs: BucketSpec[]
+  specs: NonEmpty<BucketSpec>
   timeoutMs: number
 }
 
@@ -290,20 +290,20 @@ export class LeaseFlights {
   readonly #queues = new Map<string, Queue>()
   readonly #book: LeaseBook
   readonly #calls: LeaseCalls
-  readonly #deadlines = new Deadlines()
+  readonly #deadlines: Deadlines
   readonly #pending = new Set<Promise<unknown>>()
   #closing = false
 
-  constructor (book: LeaseBook, calls: LeaseCalls) {
+  constructor (book: LeaseBook, calls: LeaseCalls, time: Time = realTime) {
     this.#book = book
     this.#calls = calls
+    this.#deadlines = new Deadlines(time)
   }
 
   /** Decides a request through its bucket's queue; undefined when the store failed or its deadline passed. */
   async decide (request: LeaseRequest): Promise<Decision | undefined> {
-    // The limiter leases for single-policy requests only: `specs` holds
-    // exactly one bucket (LeaseRequest), which the type does not say.
-    const spec = request.specs[0] as BucketSpec
+    // The limiter leases for single-policy requests only: `specs` holds one bucket.
+    const [spec] = request.specs
     let queue = this.#queues.get(spec.key)
     if (queue === undefined) this.#queues.set(spec.key, queue = { waiting: [], flying: false })
     // `resolve` is replaced at once: a promise's executor runs synchronously.

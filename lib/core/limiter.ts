@@ -1,22 +1,24 @@
 import { DEFAULT_MAX_AGE_MS, DenialCache } from './denial-cache.js'
 import { optionError, type StoreError } from './errors.js'
 import { realTime, type Time } from './clock.js'
-import type { Clock } from './deadline.js'
 import { Engine, type EngineParts } from './engine.js'
 import { Guard } from './guard.js'
 import { Invalidations } from './invalidation.js'
+import { isNonEmpty, type NonEmpty } from './lists.js'
 import { LeaseBook } from './lease.js'
 import { KeyNames, WARM_TIMEOUT_MS } from './key-secret.js'
 import { MemoryStore } from '../store/memory-store.js'
 import { Metrics } from './metrics.js'
 import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyString, positiveNumber } from './options.js'
-import { checkLimiterOptions, checkPolicies, checkPolicy, costBound, maxCost, unsettled } from './policy.js'
+import { checkLimiterOptions, checkPolicies, checkPolicy } from './policy.js'
+import { checkCombination, checkCost } from './policy-fields.js'
 import { processWarnings } from './process-warnings.js'
 import { RedisStore } from '../store/redis-store.js'
 import type { StoreClient } from '../store/client.js'
+import type { RemoteStore } from '../store/store.js'
 import type { Remote } from './remote.js'
 import { settlements, type Reservation } from './settle.js'
-import type { Decision, Limiter, LimiterOptions, Logger, Policy, RedisClient } from './types.js'
+import type { Decision, Limiter, LimiterOptions, Logger, Policy } from './types.js'
 import { Waiters } from './waiters.js'
 
 export { decisionChannel } from './engine.js'
@@ -62,15 +64,25 @@ export function createLimiter (options: LimiterOptions = {}): Limiter {
 }
 
 /**
- * The limiter and the adapters' entries to it, over one store. Every
- * duration, wait and in-process bucket reads `time` (lib/core/clock.ts):
- * tests pass a fake one and move it by hand.
+ * What a limiter runs on, besides its options: its time source, and its
+ * remote store. Unset, the process's clock and timers (lib/core/clock.ts
+ * realTime) and, with `redis`, a RedisStore over it; a test passes a fake
+ * Time that it moves by hand, or a store of its own.
  */
-export function createCore (options: LimiterOptions = {}, time: Time = realTime): Core {
+export interface Runtime {
+  readonly time?: Time | undefined
+  readonly store?: RemoteStore | undefined
+}
+
+/**
+ * The limiter and the adapters' entries to it, over one store. Every
+ * duration, wait, deadline and in-process bucket reads the runtime's time.
+ */
+export function createCore (options: LimiterOptions = {}, runtime: Runtime = {}): Core {
   const input: unknown = options
   if (!isRecord(input)) throw optionError('options', input, 'an object')
   checkLimiterOptions(input)
-  const parts = wire(options, time)
+  const parts = wire(options, runtime.time ?? realTime, runtime.store ?? redisStoreOf(options))
   const engine = new Engine(parts)
   const guard = parts.remote?.guard
   // Once per limiter, whoever asks first: the adapters' start-up wait, or
@@ -87,8 +99,8 @@ export function createCore (options: LimiterOptions = {}, time: Time = realTime)
   const limiter = facade(engine, parts, warm)
   return {
     limiter,
-    decide: (clientKey, list, costs, consume) => engine.decide(clientKey, list, costs, consume),
-    reserve: (clientKey, list, costs) => engine.reserve(clientKey, list, costs),
+    decide: (clientKey, list, costs, consume) => engine.decide(clientKey, listOf(list), costs, consume),
+    reserve: (clientKey, list, costs) => engine.reserve(clientKey, listOf(list), costs),
     warm,
     // Only the adapters call `down`, and only with a `redis`, hence a guard.
     down: (err: StoreError, message: string) => { guard?.down(err, message) },
@@ -96,20 +108,28 @@ export function createCore (options: LimiterOptions = {}, time: Time = realTime)
   }
 }
 
-/** Builds the stores, caches and timers of one limiter from its (checked) options. */
-function wire (options: LimiterOptions, time: Time): EngineParts {
+/** The store of a limiter with `redis`. */
+function redisStoreOf (options: LimiterOptions): RemoteStore | undefined {
+  return options.redis === undefined ? undefined : new RedisStore(options.redis, { batch: options.batch })
+}
+
+/**
+ * Builds the stores, caches and timers of one limiter from its (checked)
+ * options, over `store` (none: the in-process store decides) and `time`.
+ */
+export function wire (options: LimiterOptions, time: Time, store: RemoteStore | undefined): EngineParts {
   const prefix = options.prefix ?? DEFAULT_PREFIX
   const defaultTimeout = options.timeout ?? DEFAULT_TIMEOUT
   const clock = (): number => time.now()
   const micros = (): number => time.micros()
   const memory = new MemoryStore({ now: micros })
   const local = new MemoryStore({ maxKeys: 10_000, now: micros })
-  const waiters = new Waiters(options.maxWaiters ?? 1000, clock, time)
+  const waiters = new Waiters(options.maxWaiters ?? 1000, time)
   const leases = new LeaseBook(10_000, clock)
   // Without a logger, the core's lines are process warnings (lib/core/process-warnings.ts): never silent.
   const logger = options.logger ?? processWarnings
-  const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, options.redis !== undefined)
-  const remote = options.redis === undefined ? undefined : remoteOf(options, options.redis, { prefix, logger, metrics, leases, clock })
+  const metrics = options.metrics === undefined ? undefined : new Metrics(options.metrics.meter, store !== undefined)
+  const remote = store === undefined ? undefined : remoteOf(options, store, { prefix, logger, metrics, leases, time })
   const book = settlements({
     remote,
     memory,
@@ -121,19 +141,30 @@ function wire (options: LimiterOptions, time: Time): EngineParts {
     refunded: async (specs) => { await remote?.changes?.refund(specs.map((s) => s.key), defaultTimeout) }
   })
   const names = new KeyNames(prefix, options.keySecret, remote === undefined ? undefined : { store: remote.store, guard: remote.guard, logger })
-  return { prefix, defaultTimeout, clock, memory, local, waiters, leases, metrics, remote, book, names }
+  return { prefix, defaultTimeout, time, memory, local, waiters, leases, metrics, remote, book, names }
 }
 
-/** The Redis store with its guard, its denial cache and the fleet's change channel. */
-function remoteOf (options: LimiterOptions, client: RedisClient, shared: { prefix: string, logger: Logger, metrics: Metrics | undefined, leases: LeaseBook, clock: Clock }): Remote {
-  const { prefix, logger, metrics, leases, clock } = shared
-  const store = new RedisStore(client, { batch: options.batch })
-  const guard = new Guard(store, { ...DEFAULT_BREAKER, ...options.breaker }, logger, clock, metrics, { summaryMs: options.outageSummaryMs, target: store.target })
+/** The remote store with its guard, its denial cache and the fleet's change channel. */
+function remoteOf (options: LimiterOptions, store: RemoteStore, shared: { prefix: string, logger: Logger, metrics: Metrics | undefined, leases: LeaseBook, time: Time }): Remote {
+  const { prefix, logger, metrics, leases, time } = shared
+  const guard = new Guard(store, { ...DEFAULT_BREAKER, ...options.breaker }, logger, time, metrics, { summaryMs: options.outageSummaryMs, target: store.target })
   const denials = options.denialCache === false
     ? undefined
-    : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS, clock)
-  const changes = denials === undefined ? undefined : fleetChanges(store.client, prefix, denials, leases, logger, clock)
+    : new DenialCache(options.denialCache?.maxKeys ?? 10_000, options.denialCache?.maxAgeMs ?? DEFAULT_MAX_AGE_MS, () => time.now())
+  // A store no other process shares (no client) has no fleet to hear from.
+  const client = store.client
+  const changes = denials === undefined || client === undefined ? undefined : fleetChanges(client, prefix, denials, leases, logger, time)
   return { store, guard, denials, changes }
+}
+
+/**
+ * An adapter's list of policies, never empty (route compilation refuses an
+ * empty one): the decision paths read its first policy, so it is checked
+ * once more at this edge rather than trusted by a cast.
+ */
+function listOf (list: readonly Policy[]): NonEmpty<Policy> {
+  if (!isNonEmpty(list)) throw optionError('policies', list, 'a non-empty list of policies')
+  return list
 }
 
 /** Array.isArray, which does not narrow a union with a readonly array. */
@@ -145,9 +176,9 @@ function isList (input: Policy | readonly Policy[]): input is readonly Policy[] 
 function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>): Limiter {
   const checked = new WeakSet<object>()
 
-  function policiesOf (input: Policy | readonly Policy[]): readonly Policy[] {
+  function policiesOf (input: Policy | readonly Policy[]): NonEmpty<Policy> {
     const list = isList(input) ? input : [input]
-    if (list.length === 0) throw optionError('policy', input, 'a policy or a non-empty array of policies')
+    if (!isNonEmpty(list)) throw optionError('policy', input, 'a policy or a non-empty array of policies')
     for (const policy of list) {
       if (!checked.has(policy)) {
         checkPolicy(policy)
@@ -162,9 +193,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
     if (typeof clientKey !== 'string') throw optionError('clientKey', clientKey, 'a string')
     if (cost === undefined) return
     positiveNumber(cost, 'cost')
-    for (const policy of list) {
-      if (cost > maxCost(policy)) throw optionError('cost', cost, `at most ${costBound(policy)} of bucket "${policy.bucket}"`)
-    }
+    for (const policy of list) checkCost(cost, policy, (bound) => optionError('cost', cost, `at most ${bound} of bucket "${policy.bucket}"`))
   }
 
   async function decide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
@@ -179,10 +208,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
     async reserve (clientKey, policy, cost): Promise<Reservation> {
       const list = policiesOf(policy)
       checkCall(clientKey, list, cost)
-      for (const p of list) {
-        if (p.lease !== undefined) throw optionError('policy.lease', p.lease, 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach')
-        unsettled(p, 'policy.')
-      }
+      for (const p of list) checkCombination(p, ['reserve'], 'policy.')
       return await engine.reserve(clientKey, list, cost === undefined ? undefined : list.map(() => cost))
     },
     settle: (reservation, actual) => parts.book.settle(reservation, actual),
@@ -208,7 +234,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
  * The other app servers' resets and refunds (lib/core/invalidation.ts), applied
  * to this server's cached denials and leases as its own are.
  */
-function fleetChanges (redis: StoreClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined, clock: () => number): Invalidations {
+function fleetChanges (redis: StoreClient, prefix: string, denials: DenialCache, leases: LeaseBook, logger: Logger | undefined, time: Time): Invalidations {
   return new Invalidations(redis, prefix, {
     reset (key, at) {
       denials.reset(key, at)
@@ -216,5 +242,5 @@ function fleetChanges (redis: StoreClient, prefix: string, denials: DenialCache,
     },
     refund: (keys, at) => { denials.refunded(keys, at) },
     resubscribed: (at) => { denials.distrust(at) }
-  }, logger, clock)
+  }, logger, time)
 }

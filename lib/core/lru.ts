@@ -48,9 +48,9 @@ export class Lru<T> {
   set (key: string, value: T): void {
     if (this.#map.size >= this.#max && !this.#map.items.has(key)) {
       // At the cap (>= 1 entry), `first` is the least recently used entry.
-      const oldest = this.#map.first as Node<T>
+      const oldest: Node<T> | undefined = this.#map.first
       this.#map.evict()
-      this.#evicted(oldest.key, oldest.value)
+      if (oldest !== undefined) this.#evicted(oldest.key, oldest.value)
     }
     this.#map.set(key, value)
   }

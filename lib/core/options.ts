@@ -344,16 +344,25 @@ export function closest (name: string, known: readonly string[]): string | undef
   return bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : undefined
 }
 
-/** Levenshtein's distance; each row has b.length + 1 entries, so its reads are in range (the `as`). */
+/**
+ * Levenshtein's distance, one row of the table at a time: for each cell,
+ * `diagonal` and `up` come from the previous row, `left` from this one.
+ */
 function distance (a: string, b: string): number {
   let previous = Array.from({ length: b.length + 1 }, (_, i) => i)
-  for (let i = 1; i <= a.length; i++) {
-    const row = [i]
-    for (let j = 1; j <= b.length; j++) {
-      const substitution = (previous[j - 1] as number) + (a[i - 1] === b[j - 1] ? 0 : 1)
-      row.push(Math.min((previous[j] as number) + 1, (row[j - 1] as number) + 1, substitution))
+  let last = b.length
+  for (let i = 0; i < a.length; i++) {
+    const char = a[i]
+    let diagonal = i
+    let left = i + 1
+    const row = [left]
+    for (const [j, up] of previous.slice(1).entries()) {
+      left = Math.min(up + 1, left + 1, diagonal + (char === b[j] ? 0 : 1))
+      diagonal = up
+      row.push(left)
     }
     previous = row
+    last = left
   }
-  return previous[b.length] as number
+  return last
 }

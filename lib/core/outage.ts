@@ -18,30 +18,16 @@
 //   recovered  once, when it answers again, with the outage's length and
 //              the decisions each failure mode made during it.
 //
-// The period's timer and the clock are injected (tests drive them by hand);
-// the real timer is unref'd, so an outage never keeps a process alive.
+// The period's timer and the clock are the limiter's Time (lib/core/clock.ts;
+// tests drive a fake one by hand); the timer is not kept alive, so an outage
+// never keeps a process alive. Each period arms the next one when it ends.
 
 import { commandRefused, refusalFix, scriptsRefused, type StoreError } from '../store/errors.js'
 import { messageOf } from './errors.js'
-import type { Clock } from './deadline.js'
+import { realTime, type Time, type TimerHandle } from './clock.js'
 import type { FallbackCounts, Logger } from './types.js'
 
 type Source = keyof FallbackCounts
-
-/** A repeating timer, as the summary needs one. */
-export interface Timers {
-  /** Calls `fn` every `ms` until the returned handle is stopped. */
-  every (ms: number, fn: () => void): { stop (): void }
-}
-
-/** Node's timers, unref'd. */
-export const nodeTimers: Timers = {
-  every (ms, fn) {
-    const timer = setInterval(fn, ms)
-    timer.unref()
-    return { stop: () => { clearInterval(timer) } }
-  }
-}
 
 /** The default period of the summary line, ms. */
 export const DEFAULT_SUMMARY_MS = 30_000
@@ -54,11 +40,10 @@ function total (counts: FallbackCounts): number {
   return counts.local + counts['fail-open'] + counts['fail-closed']
 }
 
-
 export interface OutageOptions {
   logger: Logger | undefined
-  clock: Clock
-  timers?: Timers | undefined
+  /** The clock of the outage's lengths and the summary's timer (default: the process's). */
+  time?: Time | undefined
   /** Period of the summary line, ms (default DEFAULT_SUMMARY_MS). */
   summaryMs?: number | undefined
   /** The store's address, for the failing and summary lines (never a password). */
@@ -68,8 +53,7 @@ export interface OutageOptions {
 /** The log of the store's outages: see the top of this file. */
 export class OutageLog {
   readonly #logger: Logger | undefined
-  readonly #clock: Clock
-  readonly #timers: Timers
+  readonly #time: Time
   readonly #summaryMs: number
   readonly #target: Record<string, string>
   /** Clock time at which the store started failing; undefined while healthy. */
@@ -80,12 +64,11 @@ export class OutageLog {
   #lastError: StoreError | undefined
   /** Whether this outage has told that the scripts cannot run. */
   #noScripts = false
-  #timer: { stop (): void } | undefined
+  #timer: TimerHandle | undefined
 
   constructor (options: OutageOptions) {
     this.#logger = options.logger
-    this.#clock = options.clock
-    this.#timers = options.timers ?? nodeTimers
+    this.#time = options.time ?? realTime
     this.#summaryMs = options.summaryMs ?? DEFAULT_SUMMARY_MS
     this.#target = options.target === undefined ? {} : { redis: options.target }
   }
@@ -107,12 +90,11 @@ export class OutageLog {
       if (noScripts && !this.#noScripts) this.#tellNoScripts(err)
       return false
     }
-    this.#since = this.#clock()
+    this.#since = this.#time.now()
     this.#periodFrom = this.#since
     if (noScripts) this.#tellNoScripts(err)
     else this.#logger?.warn({ err, ...this.#target }, message ?? 'rate limit store failing; limits follow their failure modes')
-    const since = this.#since
-    this.#timer = this.#timers.every(this.#summaryMs, () => { this.#summarize(since) })
+    this.#every(this.#since)
     return true
   }
 
@@ -126,7 +108,7 @@ export class OutageLog {
   /** The store answered: logs the recovery; returns the outage, or undefined when there was none. */
   recovered (): { downMs: number, decisions: FallbackCounts } | undefined {
     if (this.#since === undefined) return undefined
-    const downMs = this.#clock() - this.#since
+    const downMs = this.#time.now() - this.#since
     const decisions = this.#outage
     this.#stop()
     this.#logger?.info({ downMs, decisions }, 'rate limit store recovered')
@@ -135,8 +117,16 @@ export class OutageLog {
 
   /** Stops the summary timer (the limiter is closed). */
   close (): void {
-    this.#timer?.stop()
+    this.#time.clear(this.#timer)
     this.#timer = undefined
+  }
+
+  /** Arms the summary of the period that starts now, and of each next one, while the outage that began at `since` lasts. */
+  #every (since: number): void {
+    this.#timer = this.#time.set(() => {
+      this.#summarize(since)
+      this.#every(since)
+    }, this.#summaryMs, false)
   }
 
   #stop (): void {
@@ -165,7 +155,7 @@ export class OutageLog {
 
   /** `since`: when the store started failing (the timer runs only until it recovers). */
   #summarize (since: number): void {
-    const now = this.#clock()
+    const now = this.#time.now()
     const decisions = this.#period
     const periodMs = now - this.#periodFrom
     this.#period = zero()

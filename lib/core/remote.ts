@@ -6,10 +6,11 @@
 import type { DenialCache } from './denial-cache.js'
 import type { Guard } from './guard.js'
 import type { Invalidations } from './invalidation.js'
-import type { RedisStore } from '../store/redis-store.js'
+import type { RemoteStore } from '../store/store.js'
 
 export interface Remote {
-  readonly store: RedisStore
+  /** What the core calls on the store (lib/store/store.ts RemoteStore): a RedisStore, or a test's. */
+  readonly store: RemoteStore
   /** The deadline and the breaker of every call to `store`. */
   readonly guard: Guard
   /** Cached denials; undefined with `denialCache: false`. */

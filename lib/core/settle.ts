@@ -26,8 +26,8 @@
 // behind a dead store). One that fails is logged, counted, and rejected
 // with the StoreError: the reservation then stands as it was charged.
 
-import type { Clock } from './deadline.js'
-import { closedRetryMs, failed, fallbackOf, summarize, timeoutOf } from './decisions.js'
+import type { Clock } from './clock.js'
+import { failOver, summarize, timeoutOf } from './decisions.js'
 import type { DenialCache } from './denial-cache.js'
 import { optionError } from './errors.js'
 import type { Guard } from './guard.js'
@@ -105,12 +105,10 @@ export function settlements (deps: SettleDeps): Settlements {
 
   /** The failure modes, as the limiter's consume applies them; 'local' reserves in the local store. */
   function fallback (guard: Guard, list: readonly Policy[], specs: readonly BucketSpec[], timeoutMs: number): Reservation {
-    const plan = fallbackOf(list, specs)
-    guard.fellBack(plan.mode)
-    if (plan.mode === 'fail-closed') return held(failed(list, 'fail-closed', closedRetryMs(guard.cooldownLeftMs)), specs, undefined, timeoutMs)
-    if (plan.mode === 'fail-open') return held(failed(list, 'fail-open', 0), specs, undefined, timeoutMs)
-    const reply = local.reserveSync(plan.specs)
-    return held(summarize(plan.list, reply, 'local'), plan.specs, 'local', timeoutMs, reply.marks)
+    return failOver(guard, list, specs, (localList, localSpecs) => {
+      const reply = local.reserveSync(localSpecs)
+      return held(summarize(localList, reply, 'local'), localSpecs, 'local', timeoutMs, reply.marks)
+    }, (decision) => held(decision, specs, undefined, timeoutMs))
   }
 
   function held (decision: Decision, specs: readonly BucketSpec[], spent: Spent, timeoutMs: number, marks: readonly ReserveMark[] = []): Held {

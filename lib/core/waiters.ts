@@ -27,32 +27,25 @@
 // reserved tokens stay spent: the store cannot take a reservation back
 // without letting others overtake), and no new wait starts.
 
-import type { Clock } from './deadline.js'
-
-/** Timers: the limiter's Time (lib/core/clock.ts), or a test's. */
-export interface Timers {
-  set (fn: () => void, ms: number): unknown
-  clear (handle: unknown): void
-}
+import type { Time, TimerHandle } from './clock.js'
 
 interface Waiter {
   until: number
-  handle: unknown
+  handle: TimerHandle
   resolve: (leftMs: number) => void
 }
 
 export class Waiters {
   readonly #max: number
-  readonly #clock: Clock
-  readonly #timers: Timers
+  readonly #time: Pick<Time, 'now' | 'set' | 'clear'>
   readonly #waiting = new Set<Waiter>()
   #taken = 0
   #closed = false
 
-  constructor (max: number, clock: Clock, timers: Timers) {
+  /** `time`: the limiter's (lib/core/clock.ts), or a test's. */
+  constructor (max: number, time: Pick<Time, 'now' | 'set' | 'clear'>) {
     this.#max = max
-    this.#clock = clock
-    this.#timers = timers
+    this.#time = time
   }
 
   /** Slots taken: calls that may wait, in the store or waiting. */
@@ -83,7 +76,7 @@ export class Waiters {
       return Promise.resolve(delayMs)
     }
     return new Promise((resolve) => {
-      const waiter: Waiter = { until: this.#clock() + delayMs, handle: undefined, resolve }
+      const waiter: Waiter = { until: this.#time.now() + delayMs, handle: undefined, resolve }
       this.#waiting.add(waiter)
       this.#arm(waiter)
     })
@@ -92,24 +85,24 @@ export class Waiters {
   /** Ends every wait (each resolves with the ms it had left) and refuses new ones. */
   close (): void {
     this.#closed = true
-    const now = this.#clock()
+    const now = this.#time.now()
     for (const waiter of this.#waiting) {
-      this.#timers.clear(waiter.handle)
+      this.#time.clear(waiter.handle)
       this.#done(waiter, Math.max(0, waiter.until - now))
     }
   }
 
   #arm (waiter: Waiter): void {
-    const left = waiter.until - this.#clock()
+    const left = waiter.until - this.#time.now()
     if (left > 0) {
-      waiter.handle = this.#timers.set(() => { this.#arm(waiter) }, Math.ceil(left))
+      waiter.handle = this.#time.set(() => { this.#arm(waiter) }, Math.ceil(left))
       return
     }
     const due: Waiter[] = []
     for (const other of this.#waiting) if (other.until <= waiter.until) due.push(other)
     due.sort((a, b) => a.until - b.until)
     for (const each of due) {
-      if (each !== waiter) this.#timers.clear(each.handle)
+      if (each !== waiter) this.#time.clear(each.handle)
       this.#done(each, 0)
     }
   }

@@ -26,7 +26,7 @@ import { preview, thrownPreview } from '../core/errors.js'
 import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from '../core/keys.js'
 import type { Core } from '../core/limiter.js'
-import { costBound, maxCost } from '../core/policy.js'
+import { checkCost, costBound } from '../core/policy.js'
 import { shownDecision } from './answer.js'
 import type { RequestFn, RouteLimit } from './route.js'
 import { reserveFor, settleResponse, type Pending } from './settle-route.js'
@@ -127,9 +127,10 @@ export class RequestLayer<Req extends object> {
       if (fn === undefined || policy === undefined) continue
       let value: unknown = run(limit, 'cost', fn, request, this.#side)
       if (value instanceof Promise) value = await value
-      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0 || value > maxCost(policy)) {
-        throw refuse(limit, request, this.#side, `\`cost\` must return a finite number > 0 and <= ${costBound(policy)}, got ${preview(value)}`, value === undefined)
-      }
+      const got = value
+      const refused = (bound: string): Error => refuse(limit, request, this.#side, `\`cost\` must return a finite number > 0 and <= ${bound}, got ${preview(got)}`, got === undefined)
+      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) throw refused(costBound(policy))
+      checkCost(value, policy, refused)
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
     }

@@ -12,7 +12,8 @@
 
 import { optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
-import { CORE_POLICY_CHECKS, LEASE_IN_LIST, checkPolicies, parsePolicy } from '../core/policy.js'
+import { CORE_POLICY_CHECKS, checkCost, checkPolicies, parsePolicy } from '../core/policy.js'
+import { checkCombination, policyFields } from '../core/policy-fields.js'
 import { cost, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
@@ -135,7 +136,8 @@ export function compileRoute<Req> (
     const at = list.length === 1 ? where : `${listWhere}[${i}].`
     if (!isRecord(entry)) throw optionError(at.slice(0, -1), entry, 'a policy object')
     const fields: RouteFields = parseFields(entry, dialect.checks, at, {}, dialect.adapter)
-    if (list.length > 1 && fields.lease !== undefined) throw optionError(`${at}lease`, fields.lease, LEASE_IN_LIST)
+    // Before the merge, which drops the adapter's lease from a list's policies.
+    if (list.length > 1) checkCombination({ lease: fields.lease }, ['list'], at)
     const base = defaults.bucket ?? name
     const merged: RouteFields = { ...defaults, ...fields, ...(list.length > 1 ? { lease: undefined } : {}) }
     const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
@@ -197,17 +199,14 @@ export function routeWide<K extends keyof RouteFields> (entries: readonly RouteF
 /** A merged route or programmatic policy as the core's Policy; names the missing field (`adapter`: whose names a foreign one is read as). */
 export function toPolicy (merged: RouteFields, bucket: string, where: string, hint = BASE_DIALECT.hint, adapter: Adapter = BASE_DIALECT.adapter): Policy {
   // The core's fields only: a route's own settings, and a cost that is a function of the request, are not the core's.
-  const { capacity, refillPerSecond, failureMode, cost, local, timeout, lease, shadow, lockout, maxWaitMs } = merged
-  const core = { bucket, capacity, refillPerSecond, failureMode, cost: typeof cost === 'number' ? cost : undefined, local, timeout, lease, shadow, lockout, maxWaitMs }
+  const core = { ...policyFields(merged), bucket, cost: typeof merged.cost === 'number' ? merged.cost : undefined }
   return parsePolicy(core, where, adapter, `a finite number > 0 (${hint})`)
 }
 
 /** Checks the adapter-level defaults that are checkable before any route merges over them. */
 export function checkDefaults (defaults: Defaults, where: string): void {
   const { capacity, cost, lease, shadow, failureMode, local } = defaults
-  if (typeof cost === 'number' && capacity !== undefined && cost > capacity && shadow !== true) {
-    throw optionError(where + 'cost', cost, `at most capacity (${capacity})`)
-  }
+  if (typeof cost === 'number' && capacity !== undefined && shadow !== true) checkCost(cost, { capacity }, (bound) => optionError(where + 'cost', cost, `at most ${bound}`))
   if (lease !== undefined && capacity !== undefined && lease.tokens > capacity) {
     throw optionError(where + 'lease.tokens', lease.tokens, `at most capacity (${capacity})`)
   }

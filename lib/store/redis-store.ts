@@ -2,8 +2,8 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { commandRefused, notConnectedYet, scriptsRefused, StoreError } from './errors.js'
 import {
-  bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type LeaseStore, type ReserveMark,
-  type ReserveReply, type Store, type StoreReply
+  bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type ReserveMark,
+  type RemoteStore, type ReserveReply, type StoreReply
 } from './store.js'
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
@@ -200,7 +200,8 @@ function byKeys (pending: readonly Pending[]): IterableIterator<Pending[]> {
   const groups = new Map<string, Pending[]>()
   for (const p of pending) {
     // A decision has one bucket at least: one key is the common case, named without a copy.
-    const name = p.specs.length === 1 ? (p.specs[0] as BucketSpec).key : p.specs.map((spec) => spec.key).join('\n')
+    const [first] = p.specs
+    const name = p.specs.length === 1 && first !== undefined ? first.key : p.specs.map((spec) => spec.key).join('\n')
     const group = groups.get(name)
     if (group === undefined) groups.set(name, [p])
     else group.push(p)
@@ -238,7 +239,7 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * is asked to connect by the first call that finds it so: the limiter
  * would otherwise never reach Redis, and fail over for ever.
  */
-export class RedisStore implements Store, LeaseStore {
+export class RedisStore implements RemoteStore {
   readonly #redis: StoreClient
   /** The client's address, for log lines (storeTarget). */
   readonly target: string
@@ -478,10 +479,10 @@ export class RedisStore implements Store, LeaseStore {
     const args: Array<string | number> = settleKeys(specs)
     args.push('2')
     // One change and one mark per bucket: lib/core/settle.ts passes them so.
-    for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i] as BucketSpec // i < specs.length
-      const { epoch, mark, floor } = marks[i] as ReserveMark
-      args.push(spec.capacity * (1e6 / spec.refillPerSecond), changes[i] as number, epoch, mark, floor)
+    for (const [i, spec] of specs.entries()) {
+      const mark = marks[i]
+      const change = changes[i]
+      if (mark !== undefined && change !== undefined) args.push(spec.capacity * (1e6 / spec.refillPerSecond), change, mark.epoch, mark.mark, mark.floor)
     }
     const reply = await this.#run(SETTLE, 2 * specs.length, args)
     return specs.map((_, i) => numberAt(reply, i, SETTLE_S))

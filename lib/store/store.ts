@@ -1,3 +1,5 @@
+import type { StoreClient } from './client.js'
+import type { StoreError } from './errors.js'
 /** One bucket of one decision. */
 export interface BucketSpec {
   key: string
@@ -143,4 +145,30 @@ export interface LeaseStore {
  */
 export function wholeTokens (tokens: number): number {
   return Math.max(0, Math.floor(tokens + 1e-3))
+}
+
+/**
+ * What the core calls on a remote store (lib/core/remote.ts): decisions,
+ * lockouts and waits, reservations and their settlement, leases, the key
+ * secret's script, the start-up check, and the connection the fleet's
+ * changes travel on. RedisStore is the one a limiter with `redis` builds;
+ * createCore takes another through its runtime (lib/core/limiter.ts).
+ */
+export interface RemoteStore extends Store, LeaseStore {
+  decideExt (spec: ExtSpec, consume: boolean): Promise<ExtReply>
+  reserve (specs: readonly BucketSpec[]): Promise<ReserveReply>
+  /** Applies each bucket's change (µs of refill), cut by its reserve's mark; replies what each applied. */
+  settle (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): Promise<number[]>
+  /** lua/key-secret.lua's call (lib/core/key-secret.ts): the fleet's secret and keySecret digest, as stored. */
+  keySecret (secretKey: string, checkKey: string, write: 1 | 2, value: string): Promise<unknown>
+  /** Loads the scripts and checks they run at `key`: the error when they cannot, else undefined. */
+  warm (key: string): Promise<StoreError | undefined>
+  /** The store's address, for log lines (never a password). */
+  readonly target: string
+  /**
+   * The connection the fleet's resets and refunds travel on
+   * (lib/core/invalidation.ts); undefined for a store that no other
+   * process shares, which has no fleet to tell.
+   */
+  readonly client: StoreClient | undefined
 }

@@ -7,9 +7,11 @@
 import diagnostics from 'node:diagnostics_channel'
 import t from 'tap'
 import { Guard, provesAlive } from '../../lib/core/guard.js'
+import { createCore } from '../../lib/core/limiter.js'
+import type { NonEmpty } from '../../lib/core/lists.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
 import { FakeTime, settled } from './helpers/fake-time.js'
-import { FailingStore, UNIT_KEY_SECRET, engineOver, everyOn } from './helpers/failing-store.js'
+import { FailingStore, UNIT_KEY_SECRET, engineOver } from './helpers/failing-store.js'
 import { keyUnder } from '../helpers/keys.js'
 import { memoryLog, type Test } from './helpers/option-error.js'
 
@@ -22,7 +24,7 @@ function setup (t: Test, options: Parameters<typeof engineOver>[2] = {}) {
   const store = new FailingStore(time)
   const wired = engineOver(store, time, options)
   t.teardown(() => wired.engine.close())
-  const decide = (key: string, list: Policy[], consume = true): Promise<Decision> => wired.engine.decide(key, list, undefined, consume)
+  const decide = (key: string, list: NonEmpty<Policy>, consume = true): Promise<Decision> => wired.engine.decide(key, list, undefined, consume)
   return { time, store, decide, ...wired }
 }
 
@@ -98,7 +100,6 @@ t.test('the breaker: opens after `failures`, skips the store for the cool-down, 
   store.behaviour = 'answer'
   // The probe never answers: its deadline (10 ms) fails it, and the breaker opens again.
   await time.advance(10)
-  await new Promise((resolve) => setTimeout(resolve, 15))
   await settled()
   t.match(await probe, { source: 'fail-open' }, 'the hung probe answers at its deadline, by its mode')
   t.same(states.slice(2), [{ state: 'open', cooldownMs: 5000 }], 'and opens the breaker for another cool-down')
@@ -116,21 +117,17 @@ t.test('a store that never answers: the decision comes at the deadline, by its m
   store.behaviour = 'hang'
   let decision: Decision | undefined
   void decide('a', [{ ...closed, timeout: 20 }]).then((d) => { decision = d })
-  await new Promise((resolve) => setTimeout(resolve, 30))
   await settled()
   t.equal(decision, undefined, 'no answer before the deadline on the injected clock, whatever the real time')
   await time.advance(19)
-  await new Promise((resolve) => setTimeout(resolve, 25))
   await settled()
   t.equal(decision, undefined, '1 ms early: still waiting')
   await time.advance(1)
-  await new Promise((resolve) => setTimeout(resolve, 25))
   await settled()
   t.match(decision, { allowed: false, source: 'fail-closed' }, 'at the policy\'s own deadline (20 ms), closed')
   let open5: Decision | undefined
   void decide('b', [open]).then((d) => { open5 = d })
   await time.advance(5)
-  await new Promise((resolve) => setTimeout(resolve, 10))
   await settled()
   t.match(open5, { allowed: true, source: 'fail-open' }, 'a policy without a timeout has the limiter\'s (5 ms)')
 })
@@ -164,7 +161,7 @@ t.test('provesAlive: only a reply error of a server that can serve is a sign of 
 t.test('the guard: a call that throws is a failure; a late failure after the deadline counts once', async (t) => {
   const time = new FakeTime()
   const store = new FailingStore(time)
-  const guard = new Guard(store, { failures: 2, cooldownMs: 1000 }, undefined, () => time.now(), undefined, { timers: everyOn(time) })
+  const guard = new Guard(store, { failures: 2, cooldownMs: 1000 }, undefined, time)
   t.teardown(() => { guard.close() })
   await t.rejects(guard.run(() => { throw new Error('boom') }, 1000, []), { code: 'TOLLGATE_STORE_ERROR', message: 'store call failed: boom' })
   t.equal(guard.state, 'failing')
@@ -172,7 +169,6 @@ t.test('the guard: a call that throws is a failure; a late failure after the dea
   const call = t.rejects(guard.run(() => new Promise<never>((_resolve, reject) => { late = reject }), 20, []),
     { code: 'TOLLGATE_STORE_TIMEOUT', message: 'store gave no answer within 20 ms' })
   await time.advance(20)
-  await new Promise((resolve) => setTimeout(resolve, 25))
   await call
   t.equal(guard.cooldownLeftMs, 1000, 'the second failure opened the breaker')
   late(new Error('Connection is closed.'))
@@ -221,4 +217,19 @@ t.test('the key secret\'s read, as the half-open probe: its success neither clos
   t.ok(guard.cooldownLeftMs === 0 && guard.state === 'failing', 'the breaker is not closed by it, nor the outage ended')
   t.match(await decide('a', [closed]), { source: 'store' }, 'the next call is the probe, and a decision closes the breaker')
   t.equal(guard.state, 'healthy')
+})
+
+t.test('a store no other process shares (no client): denials are cached, with no fleet channel to hear', async (t) => {
+  const time = new FakeTime()
+  const store = new FailingStore(time)
+  store.behaviour = 'answer'
+  const { limiter } = createCore({ keySecret: UNIT_KEY_SECRET }, { time, store })
+  t.teardown(() => limiter.close())
+  const one: Policy = { bucket: 'one', capacity: 1, refillPerSecond: 1, failureMode: 'closed' }
+  t.match(await limiter.consume('a', one), { allowed: true, source: 'store' })
+  t.match(await limiter.consume('a', one), { allowed: false, source: 'store' })
+  t.match(await limiter.consume('a', one), { allowed: false, source: 'cache' }, 'the denial is cached')
+  t.equal(store.calls, 2, 'the third call never reached the store')
+  await limiter.reset('a', 'one')
+  t.match(await limiter.consume('a', one), { allowed: true, source: 'store' }, 'a reset reaches the store, and nothing else')
 })

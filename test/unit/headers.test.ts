@@ -18,7 +18,7 @@ type Pairs = Array<[string, string | number]>
 
 function limiterAt (t: Test): { time: FakeTime, consume: (key: string, policy: Policy | Policy[]) => Promise<Decision> } {
   const time = new FakeTime()
-  const { limiter } = createCore({}, time)
+  const { limiter } = createCore({}, { time })
   t.teardown(() => limiter.close())
   return { time, consume: (key, policy) => limiter.consume(key, policy) }
 }

@@ -13,7 +13,7 @@ import { FakeTime, settled } from './helpers/fake-time.js'
 
 function limiterAt () {
   const time = new FakeTime()
-  const core = createCore({}, time)
+  const core = createCore({}, { time })
   return { time, core, limiter: core.limiter }
 }
 
@@ -179,5 +179,13 @@ t.test('a step of the wall clock changes nothing: the core reads only the inject
   }
   await time.advance(1000)
   t.equal((await limiter.consume('k', policy)).allowed, true, 'a second on the injected clock refills one')
+  await limiter.close()
+})
+
+t.test('the adapters\' entries refuse an empty list of policies, as the public limiter does', async (t) => {
+  const { core, limiter } = limiterAt()
+  t.throws(() => core.decide('alice', [], undefined, true), { code: 'TOLLGATE_INVALID_OPTION', message: /`policies` must be a non-empty list of policies/ })
+  t.throws(() => core.reserve('alice', [], undefined), { code: 'TOLLGATE_INVALID_OPTION', message: /`policies` must be a non-empty list of policies/ })
+  await t.rejects(limiter.consume('alice', []), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy` must be a policy or a non-empty array of policies/ })
   await limiter.close()
 })

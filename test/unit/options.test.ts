@@ -307,11 +307,11 @@ t.test('createCore checks its options, and every call, before anything is spent'
     ['maxWaiters', { maxWaiters: 0.5 }, { name: 'maxWaiters', got: '0.5', expect: 'an integer > 0' }],
     ['outageSummaryMs', { outageSummaryMs: 10 }, { name: 'outageSummaryMs', got: '10' }]
   ]
-  for (const [label, options, want] of badOptions) isOptionError(t, thrown(() => createCore(options as never, new FakeTime())), want, `createCore: ${label}`)
-  t.throws(() => createCore({ prefx: 'x' } as never, new FakeTime()), { message: /unknown option `prefx`; did you mean `prefix`\?/ })
-  t.throws(() => createCore({ windowMs: 1000 } as never, new FakeTime()), { message: /that is an option of rate-limiter-flexible|express-rate-limit/ })
+  for (const [label, options, want] of badOptions) isOptionError(t, thrown(() => createCore(options as never, { time: new FakeTime() })), want, `createCore: ${label}`)
+  t.throws(() => createCore({ prefx: 'x' } as never, { time: new FakeTime() }), { message: /unknown option `prefx`; did you mean `prefix`\?/ })
+  t.throws(() => createCore({ windowMs: 1000 } as never, { time: new FakeTime() }), { message: /that is an option of rate-limiter-flexible|express-rate-limit/ })
 
-  const { limiter } = createCore({}, new FakeTime())
+  const { limiter } = createCore({}, { time: new FakeTime() })
   t.teardown(() => limiter.close())
   const policy: Policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }
   const calls: Array<[string, () => Promise<unknown>, Expected]> = [
@@ -345,7 +345,7 @@ t.test('createCore checks its options, and every call, before anything is spent'
 })
 
 t.test('bad calls reject instead of throwing synchronously', async (t) => {
-  const { limiter } = createCore({}, new FakeTime())
+  const { limiter } = createCore({}, { time: new FakeTime() })
   t.teardown(() => limiter.close())
   const policy: Policy = { bucket: 'b', capacity: 5, refillPerSecond: 1, failureMode: 'closed' }
   for (const [label, call] of [

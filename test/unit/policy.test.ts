@@ -6,6 +6,7 @@
 import t from 'tap'
 import { checkPolicies, costBound, maxCost, parsePolicy, unsettled } from '../../lib/core/policy.js'
 import { MAX_WINDOW_US } from '../../lib/core/options.js'
+import { EXTENDED, STORE_FIELDS, checkCombination } from '../../lib/core/policy-fields.js'
 import { checkDefaults, compileRoute, programmaticPolicies, routeName, type Defaults } from '../../lib/http/route.js'
 import { headerPairs } from '../../lib/http/headers.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
@@ -141,4 +142,14 @@ t.test('programmatic policies: merged over the defaults once per object; route s
   t.match((thrown(() => programmatic({ bucket: 'b', capcity: 1 } as never)) as Error).message, 'did you mean `policy.capacity`?', 'a misspelt name is caught before the merge')
   isOptionError(t, thrown(() => programmaticPolicies({ refillPerSecond: 1, failureMode: 'open' }, 'fastify')({ bucket: 'b' })),
     { name: 'policy.capacity', got: 'undefined', expect: 'set it on the plugin or the route' }, 'no capacity anywhere')
+})
+
+t.test('the policy table (lib/core/policy-fields.ts): the store\'s fields, the extended path, one rule per refusal', async (t) => {
+  t.same(STORE_FIELDS, ['bucket', 'capacity', 'refillPerSecond', 'cost'], 'what a BucketSpec carries (its key names the bucket)')
+  t.same(EXTENDED, ['shadow', 'lockout', 'maxWaitMs'], 'the fields that take the extended decision path')
+  const lockout = { after: 1, withinMs: 1000, forMs: 1000 }
+  isOptionError(t, thrown(() => { checkCombination({ lockout }, ['list'], 'p[1].') }), { name: 'p[1].lockout', expect: 'unset in an array of policies' }, 'a list refuses a lockout')
+  isOptionError(t, thrown(() => { checkCombination({ shadow: true, lease: { tokens: 1, maxAgeMs: 1 } }, ['reserve'], 'policy.') }), { name: 'policy.lease', expect: 'unset to reserve' }, 'a reservation names the first refused field, in the table\'s order')
+  t.doesNotThrow(() => { checkCombination({ shadow: false, lockout }, [], '') }, 'no use, no refusal')
+  t.doesNotThrow(() => { checkCombination({ shadow: false }, ['settle'], '') }, 'a boolean counts only when true')
 })

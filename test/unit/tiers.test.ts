@@ -106,7 +106,7 @@ t.test('bad plans are the adapter\'s error saying what is wrong, the same every 
 
 t.test('a plan change keeps the bucket: the time until full is kept, read under the new plan', async (t) => {
   const time = new FakeTime()
-  const { limiter } = createCore({}, time)
+  const { limiter } = createCore({}, { time })
   t.teardown(() => limiter.close())
   const base = { bucket: 'GET /api', failureMode: 'open' } as const
   const free: Policy = { ...base, capacity: 2, refillPerSecond: 0.1 }
@@ -130,7 +130,7 @@ t.test('a plan change keeps the bucket: the time until full is kept, read under 
 // was told "retry in 10 s" at 0, 10, 20 and 30 s, allowed only at 40 s).
 t.test('after a downgrade, the retry the denial named is allowed', async (t) => {
   const time = new FakeTime()
-  const { limiter } = createCore({}, time)
+  const { limiter } = createCore({}, { time })
   t.teardown(() => limiter.close())
   const free: Policy = { bucket: 'b', failureMode: 'open', capacity: 2, refillPerSecond: 0.1 }
   const pro: Policy = { bucket: 'b', failureMode: 'open', capacity: 100, refillPerSecond: 1 }

@@ -1,5 +1,7 @@
 // Addresses for log lines, whatever the client: never a user name or a password.
 
+import { prop } from './props.js'
+
 /** `host:port`, brackets around an IPv6 host. */
 export function hostPort (host: unknown, port: unknown): string {
   const name = typeof host === 'string' && host !== '' ? host : '127.0.0.1'
@@ -10,17 +12,18 @@ export function hostPort (host: unknown, port: unknown): string {
 export function seedAddress (node: unknown, family: string): string {
   if (typeof node === 'number') return hostPort(undefined, node)
   if (typeof node === 'string') return urlAddress(node, family)
-  const { host, port, url, socket } = (node ?? {}) as { host?: unknown, port?: unknown, url?: unknown, socket?: unknown }
+  const url = prop(node, 'url')
+  const socket = prop(node, 'socket')
   if (typeof url === 'string') return urlAddress(url, family)
   if (typeof socket === 'object' && socket !== null) return socketAddress(socket)
-  return hostPort(host, port)
+  return hostPort(prop(node, 'host'), prop(node, 'port'))
 }
 
 /** A node-redis `socket` option: a host and port, or a unix socket's path. */
 export function socketAddress (socket: unknown): string {
-  const { host, port, path } = (socket ?? {}) as { host?: unknown, port?: unknown, path?: unknown }
+  const path = prop(socket, 'path')
   if (typeof path === 'string' && path !== '') return `unix:${path}`
-  return hostPort(host, port)
+  return hostPort(prop(socket, 'host'), prop(socket, 'port'))
 }
 
 /** `redis://user:password@host:port/db`, `rediss://`, `host:port`: its host and port only. */

@@ -12,6 +12,7 @@
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress } from './address.js'
 import { fanOut } from './fan-out.js'
+import { prop } from './props.js'
 import { replyError } from '../errors.js'
 
 type Route = { type: 'primarySlotKey', key: string } | 'allPrimaries' | 'randomNode'
@@ -27,13 +28,13 @@ interface Glide {
 }
 
 /** A GLIDE client: `customCommand`, `invokeScript` and `close`. */
-export function isGlide (value: Record<string, unknown>): boolean {
-  return typeof value.customCommand === 'function' && typeof value.invokeScript === 'function' && typeof value.close === 'function'
+export function isGlide (value: object): boolean {
+  return typeof prop(value, 'customCommand') === 'function' && typeof prop(value, 'invokeScript') === 'function' && typeof prop(value, 'close') === 'function'
 }
 
 /** GlideClusterClient's own members: commands with a route. */
 function isCluster (client: Glide): boolean {
-  return typeof (client as unknown as Record<string, unknown>).fcallWithRoute === 'function'
+  return typeof prop(client, 'fcallWithRoute') === 'function'
 }
 
 const SERVER_ERROR = /^An error was signalled by the server: - (\w+): /

@@ -8,6 +8,7 @@ import type { RedisClient, StoreClient } from '../client.js'
 import { glideClient, isGlide } from './glide.js'
 import { ioredisClient, isIoredis } from './ioredis.js'
 import { isNodeRedis, nodeRedisClient } from './node-redis.js'
+import { prop } from './props.js'
 
 /** What `redis` accepts, for the start-up error. */
 export const ACCEPTED_CLIENTS = 'an ioredis or iovalkey Redis or Cluster, a node-redis createClient() or createCluster() client, or a GLIDE GlideClient or GlideClusterClient'
@@ -15,18 +16,17 @@ export const ACCEPTED_CLIENTS = 'an ioredis or iovalkey Redis or Cluster, a node
 /** The family of a client, or undefined for anything tollgate does not take. */
 export function clientFamily (value: unknown): 'ioredis' | 'node-redis' | 'glide' | undefined {
   if (typeof value !== 'object' || value === null) return undefined
-  const record = value as Record<string, unknown>
-  if (unsupported(record) !== undefined) return undefined
-  if (isIoredis(record)) return 'ioredis'
-  if (isNodeRedis(record)) return 'node-redis'
-  if (isGlide(record)) return 'glide'
+  if (unsupported(value) !== undefined) return undefined
+  if (isIoredis(value)) return 'ioredis'
+  if (isNodeRedis(value)) return 'node-redis'
+  if (isGlide(value)) return 'glide'
   return undefined
 }
 
 /** Clients of the families above that tollgate does not take, by what they are. */
-function unsupported (value: Record<string, unknown>): string | undefined {
-  if (typeof value.getMasterNode === 'function') return 'a node-redis createSentinel() client'
-  if (typeof value.idleClients === 'number' && typeof value.execute === 'function') return 'a node-redis createClientPool() pool'
+function unsupported (value: object): string | undefined {
+  if (typeof prop(value, 'getMasterNode') === 'function') return 'a node-redis createSentinel() client'
+  if (typeof prop(value, 'idleClients') === 'number' && typeof prop(value, 'execute') === 'function') return 'a node-redis createClientPool() pool'
   return undefined
 }
 
@@ -37,9 +37,9 @@ function unsupported (value: Record<string, unknown>): string | undefined {
  */
 export function describeClient (value: unknown, describe: (value: unknown) => string): string {
   if (typeof value !== 'object' || value === null) return describe(value)
-  const known = unsupported(value as Record<string, unknown>)
+  const known = unsupported(value)
   if (known !== undefined) return known
-  const name = (value as { constructor?: { name?: unknown } }).constructor?.name
+  const name = prop(prop(value, 'constructor'), 'name')
   if (typeof name === 'string' && name !== '' && name !== 'Object') return `an instance of ${name}`
   return describe(value)
 }
@@ -55,8 +55,7 @@ const adapters = new WeakMap<object, StoreClient>()
 export function storeClient (client: RedisClient): StoreClient {
   let adapter = adapters.get(client)
   if (adapter === undefined) {
-    const record = client as unknown as Record<string, unknown>
-    adapter = isIoredis(record) ? ioredisClient(client) : isNodeRedis(record) ? nodeRedisClient(client) : glideClient(client)
+    adapter = isIoredis(client) ? ioredisClient(client) : isNodeRedis(client) ? nodeRedisClient(client) : glideClient(client)
     adapters.set(client, adapter)
   }
   return adapter

@@ -10,13 +10,14 @@
 import type { Cluster, Redis, RedisOptions } from 'ioredis'
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { hostPort, seedAddress } from './address.js'
+import { prop } from './props.js'
 import { fanOut } from './fan-out.js'
 
 type Client = Redis | Cluster
 
 /** ioredis's Redis and Cluster, told apart by the `isCluster` both have. */
-export function isIoredis (value: Record<string, unknown>): boolean {
-  return typeof value.evalsha === 'function' && typeof value.status === 'string' && typeof value.isCluster === 'boolean'
+export function isIoredis (value: object): boolean {
+  return typeof prop(value, 'evalsha') === 'function' && typeof prop(value, 'status') === 'string' && typeof prop(value, 'isCluster') === 'boolean'
 }
 
 function isCluster (redis: Client): redis is Cluster {
@@ -26,13 +27,15 @@ function isCluster (redis: Client): redis is Cluster {
 /** The seed nodes of a Cluster, or where a Redis connects. */
 function target (redis: Client): string {
   if (isCluster(redis)) {
-    const seeds = (redis as unknown as { startupNodes?: unknown }).startupNodes
+    const seeds = prop(redis, 'startupNodes')
     return `cluster seeds ${(Array.isArray(seeds) ? seeds : []).map((node) => seedAddress(node, 'ioredis')).join(', ')}`
   }
-  const { host, port, path, sentinels, name } = redis.options as { host?: unknown, port?: unknown, path?: unknown, sentinels?: unknown, name?: unknown }
+  const options = redis.options
+  const path = prop(options, 'path')
+  const sentinels = prop(options, 'sentinels')
   if (typeof path === 'string' && path !== '') return `unix:${path}`
-  if (Array.isArray(sentinels) && sentinels.length > 0) return `sentinels ${sentinels.map((node) => seedAddress(node, 'ioredis')).join(', ')} (master "${String(name)}")`
-  return hostPort(host, port)
+  if (Array.isArray(sentinels) && sentinels.length > 0) return `sentinels ${sentinels.map((node) => seedAddress(node, 'ioredis')).join(', ')} (master "${String(prop(options, 'name'))}")`
+  return hostPort(prop(options, 'host'), prop(options, 'port'))
 }
 
 /** Options of a subscriber connection over those of the client it duplicates. */

@@ -8,6 +8,7 @@
 import type { ClientStatus, StoreClient, SubscriberEvents } from '../client.js'
 import { seedAddress, socketAddress, urlAddress } from './address.js'
 import { fanOut } from './fan-out.js'
+import { prop } from './props.js'
 import { replyError } from '../errors.js'
 
 interface Options { url?: string, socket?: Record<string, unknown>, rootNodes?: unknown[] }
@@ -53,12 +54,12 @@ interface Cluster extends NodeRedis {
 const PROBE_MS = 500
 
 /** A node-redis client or Cluster: `isOpen`, `sendCommand` and `duplicate`. */
-export function isNodeRedis (value: Record<string, unknown>): boolean {
-  return typeof value.isOpen === 'boolean' && typeof value.sendCommand === 'function' && typeof value.duplicate === 'function'
+export function isNodeRedis (value: object): boolean {
+  return typeof prop(value, 'isOpen') === 'boolean' && typeof prop(value, 'sendCommand') === 'function' && typeof prop(value, 'duplicate') === 'function'
 }
 
 function isCluster (client: NodeRedis): client is Cluster {
-  return typeof (client as Partial<Cluster>).nodeClient === 'function'
+  return typeof prop(client, 'nodeClient') === 'function'
 }
 
 function target (client: NodeRedis): string {
@@ -91,7 +92,7 @@ function destroy (conn: NodeRedis | undefined): void {
  */
 function isErrorReply (err: unknown): err is Error {
   for (let proto: unknown = Object.getPrototypeOf(Object(err)); proto !== null; proto = Object.getPrototypeOf(proto)) {
-    if ((proto as { constructor: { name: string } }).constructor.name === 'ErrorReply') return true
+    if (prop(prop(proto, 'constructor'), 'name') === 'ErrorReply') return true
   }
   return false
 }

@@ -1,40 +1,24 @@
-// A store that fails on demand, and the limiter's engine wired over it as
-// createCore wires it over Redis (lib/core/limiter.ts `wire`), on a fake
-// clock. The store implements the Store interface of lib/store/store.ts
-// (and the calls the engine makes of a remote store: decideExt, reserve,
-// settle) over an in-process store; it is no Redis client: no command,
-// no script, no connection.
+// A store that fails on demand, and the limiter's engine wired over it by
+// createCore's own wiring (lib/core/limiter.ts `wire`), on a fake clock. The
+// store implements the RemoteStore interface of lib/store/store.ts over an
+// in-process store; it is no Redis client: no command, no script, no
+// connection (so no fleet channel: its `client` is undefined).
 
 import { Engine, type EngineParts } from '../../../lib/core/engine.js'
-import { Guard } from '../../../lib/core/guard.js'
-import { KeyNames } from '../../../lib/core/key-secret.js'
-import { LeaseBook } from '../../../lib/core/lease.js'
-import { settlements } from '../../../lib/core/settle.js'
-import { Waiters } from '../../../lib/core/waiters.js'
-import type { Remote } from '../../../lib/core/remote.js'
+import type { Guard } from '../../../lib/core/guard.js'
+import { wire } from '../../../lib/core/limiter.js'
 import type { BreakerOptions, Logger } from '../../../lib/core/types.js'
 import { MemoryStore } from '../../../lib/store/memory-store.js'
-import type { RedisStore } from '../../../lib/store/redis-store.js'
-import type { BucketSpec, ExtReply, ExtSpec, ReserveMark, ReserveReply, Store, StoreReply } from '../../../lib/store/store.js'
-import type { Timers } from '../../../lib/core/outage.js'
+import type { StoreError } from '../../../lib/store/errors.js'
+import type { BucketSpec, ExtReply, ExtSpec, LeaseReply, RemoteStore, ReserveMark, ReserveReply, StoreReply } from '../../../lib/store/store.js'
 import type { FakeTime } from './fake-time.js'
-
-/** The outage summary's repeating timer, on the fake clock. */
-export function everyOn (time: FakeTime): Timers {
-  return {
-    every (ms, fn) {
-      let handle: unknown
-      const arm = (): void => { handle = time.set(() => { fn(); arm() }, ms) }
-      arm()
-      return { stop: () => { time.clear(handle) } }
-    }
-  }
-}
 
 /** How the store answers: as a store, by rejecting (a lost connection), by never answering, or with a reply error of a live server. */
 export type Behaviour = 'answer' | 'reject' | 'hang' | 'reply-error'
 
-export class FailingStore implements Store {
+export class FailingStore implements RemoteStore {
+  readonly target = 'test store'
+  readonly client = undefined
   behaviour: Behaviour = 'reject'
   /** Calls that reached the store. */
   calls = 0
@@ -79,6 +63,21 @@ export class FailingStore implements Store {
   reset (key: string): Promise<void> {
     return this.#call(() => { void this.#inner.reset(key) })
   }
+
+  /** Leases: no unit test takes one; a store call all the same, that fails as the others do. */
+  lease (spec: BucketSpec): Promise<LeaseReply> {
+    return this.#call(() => ({ taken: 0, bucket: { remaining: spec.capacity, fullInUs: 0, waitUs: 0 }, nowUs: 0 }))
+  }
+
+  /** The key secret's script: every key secret is a keySecret here (UNIT_KEY_SECRET), never read at a decision. */
+  keySecret (): Promise<unknown> {
+    return this.#call(() => [null, null])
+  }
+
+  /** Nothing to load: an in-process store runs no script. */
+  warm (): Promise<StoreError | undefined> {
+    return Promise.resolve(undefined)
+  }
 }
 
 /** The keySecret of engineOver's limiter: keys in these tests are `keyOf(UNIT_KEY_SECRET, ...)`. */
@@ -90,32 +89,12 @@ export interface Wired {
   parts: EngineParts
 }
 
-/** The engine over `store`, as createCore builds it over Redis, without a denial cache. */
+/** A logger that drops its lines (a test that reads them passes its own). */
+const silent: Logger = { warn () {}, info () {}, error () {} }
+
+/** The engine over `store`, wired as createCore wires it over Redis, without a denial cache. */
 export function engineOver (store: FailingStore, time: FakeTime, options: { timeout?: number, breaker?: BreakerOptions, logger?: Logger } = {}): Wired {
-  const clock = (): number => time.now()
-  const micros = (): number => time.micros()
-  const logger = options.logger
-  const guard = new Guard(store, options.breaker ?? { failures: 5, cooldownMs: 1000 }, logger, clock, undefined, { timers: everyOn(time), target: 'test store' })
-  // The engine reads decideExt, reserve and settle of its remote store, which
-  // FailingStore has; the rest of RedisStore (its client, its scripts) it
-  // never reaches with `denials` and `changes` unset.
-  const remote: Remote = { store: store as unknown as RedisStore, guard, denials: undefined, changes: undefined }
-  const memory = new MemoryStore({ now: micros })
-  const local = new MemoryStore({ maxKeys: 10_000, now: micros })
-  const defaultTimeout = options.timeout ?? 10
-  const parts: EngineParts = {
-    prefix: 'tollgate',
-    defaultTimeout,
-    clock,
-    memory,
-    local,
-    waiters: new Waiters(1000, clock, time),
-    leases: new LeaseBook(10_000, clock),
-    metrics: undefined,
-    remote,
-    book: settlements({ remote, memory, local, defaultTimeout, logger, clock }),
-    // A keySecret: keys are named at once, with no read from the store.
-    names: new KeyNames('tollgate', UNIT_KEY_SECRET, undefined)
-  }
-  return { engine: new Engine(parts), guard, parts }
+  const parts = wire({ ...options, logger: options.logger ?? silent, keySecret: UNIT_KEY_SECRET, denialCache: false }, time, store)
+  if (parts.remote === undefined) throw new Error('wired without its store')
+  return { engine: new Engine(parts), guard: parts.remote.guard, parts }
 }

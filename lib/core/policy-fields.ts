@@ -1,0 +1,163 @@
+// A policy, declared once. Each field of the core's Policy has one row
+// here: its parser (lib/core/options.ts), whether it must be set, whether
+// the store needs it with each bucket, and where it cannot be used. From
+// the rows come the parsers of a policy's fields (CORE_POLICY_CHECKS, which
+// the http wing extends for a route), the fields a route's settings hand to
+// the core (policyFields), which features take the extended decision path
+// (EXTENDED), and the combination rules (checkCombination), so a new field
+// is one row, not an edit in each place that lists fields.
+//
+// Why the refusals. A list of policies is decided by one script call per
+// request: a lease is a batch of one bucket, a lockout and a wait are
+// decided by lua/token-bucket-ext.lua on one bucket, so each serves a
+// single-policy check. A reservation (lua/settle.lua) charges a plain
+// bucket: it knows neither lockouts, nor waits, nor shadow policies, and a
+// leased bucket is spent from this server's batch, which a settlement
+// cannot reach. A shadow policy never holds a request, so it cannot wait.
+
+import { optionError } from './errors.js'
+import {
+  FAILURE_MODES, MAX_WINDOW_US, deadlineMs, isBoolean, lease, localPolicy, lockout, maxWaitMs, nonEmptyString, oneOf, positiveNumber, type Parse
+} from './options.js'
+import type { Policy } from './types.js'
+
+/** Where a policy is used, besides alone on a route or in a call. */
+export type Use = 'list' | 'reserve' | 'settle' | 'shadow'
+
+/** Marks a required field whose missing value the caller words (an adapter: where to set it). */
+const EXPECTED = Symbol('expected')
+
+/** One field of a policy. */
+interface Field<T> {
+  readonly parse: Parse<T>
+  /** What a missing value should have been; undefined: optional. */
+  readonly required?: string | typeof EXPECTED
+  /** Sent to the store with each bucket (lib/store/store.ts BucketSpec). */
+  readonly store?: true
+  /**
+   * Takes the extended decision path (lib/core/engine.ts `#extras`): in a
+   * call of its own after the enforced policies (`shadow`), or decided by
+   * lua/token-bucket-ext.lua on its one bucket (`ext`: a lockout, a wait).
+   */
+  readonly path?: 'shadow' | 'ext'
+  /** Why each use refuses the field when it is set (true for a boolean); absent: allowed. */
+  readonly refused?: Readonly<Partial<Record<Use, string>>>
+}
+
+function field<T> (parse: Parse<T>, rest: Omit<Field<T>, 'parse'> = {}): Field<T> {
+  return { parse, ...rest }
+}
+
+/** Why a list of policies refuses a `lease`, in the routes' words and the core's. */
+export const LEASE_IN_LIST = 'unset in an array of policies (leases serve single-policy routes)'
+const SINGLE_POLICY = 'unset in an array of policies (it serves single-policy checks)'
+const UNSETTLED = 'unset to reserve and settle (a settlement charges a plain bucket)'
+
+/** The policy's fields, in the order their errors are reported. */
+export const POLICY_FIELDS = {
+  bucket: field(nonEmptyString, { required: 'set', store: true }),
+  capacity: field(positiveNumber, { required: EXPECTED, store: true }),
+  refillPerSecond: field(positiveNumber, { required: EXPECTED, store: true }),
+  cost: field(positiveNumber, { store: true }),
+  failureMode: field(oneOf(FAILURE_MODES), { required: "one of 'open', 'closed', 'local'" }),
+  local: field(localPolicy),
+  timeout: field(deadlineMs),
+  lease: field(lease, {
+    refused: {
+      list: LEASE_IN_LIST,
+      reserve: 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach',
+      settle: 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it'
+    }
+  }),
+  shadow: field(isBoolean, { path: 'shadow', refused: { reserve: UNSETTLED, settle: UNSETTLED } }),
+  lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED } }),
+  maxWaitMs: field(maxWaitMs, {
+    path: 'ext',
+    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
+  })
+} satisfies { readonly [K in keyof Policy]-?: Field<NonNullable<Policy[K]>> }
+
+type Name = keyof typeof POLICY_FIELDS
+const NAMES = Object.keys(POLICY_FIELDS) as Name[] // the table's own keys, in its order
+
+/** The parser of each field, one per field; the http wing adds the route's own (lib/http/route.ts). */
+export const CORE_POLICY_CHECKS = Object.fromEntries(NAMES.map((name) => [name, POLICY_FIELDS[name].parse])) as { [K in Name]: (typeof POLICY_FIELDS)[K]['parse'] }
+
+/** The fields the store needs with each bucket. */
+export const STORE_FIELDS: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].store === true)
+
+/** The fields that take the extended decision path when set. */
+export const EXTENDED: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].path !== undefined)
+/** The fields lua/token-bucket-ext.lua decides. */
+const EXT_SCRIPT: readonly Name[] = NAMES.filter((name) => POLICY_FIELDS[name].path === 'ext')
+
+/** A field counts as used when set, and a boolean when true. */
+function isSet (value: unknown): boolean {
+  return value !== undefined && value !== false
+}
+
+/** Whether a policy uses any field that takes the extended decision path. */
+export function extended (policy: Policy): boolean {
+  return EXTENDED.some((name) => isSet(policy[name]))
+}
+
+/** Whether a policy is decided by lua/token-bucket-ext.lua (a lockout, a wait): alone, as a list refuses those fields. */
+export function extScript (policy: Policy): boolean {
+  return EXT_SCRIPT.some((name) => isSet(policy[name]))
+}
+
+/** A policy's own fields out of a record that holds others too (a route's merged settings), for parsePolicy. */
+export function policyFields (input: object): Record<string, unknown> {
+  return Object.fromEntries(NAMES.filter((name) => Object.hasOwn(input, name)).map((name) => [name, Reflect.get(input, name)]))
+}
+
+/**
+ * The fields a policy needs (in the table's order), each named in its own
+ * error when missing; `expected` words a missing capacity or rate.
+ */
+export function checkRequired<F extends Readonly<Partial<Policy>>> (fields: F, where: string, expected: string): asserts fields is F & Policy {
+  for (const name of NAMES) {
+    const required = POLICY_FIELDS[name].required
+    if (required !== undefined && fields[name] === undefined) throw optionError(where + name, undefined, required === EXPECTED ? expected : required)
+  }
+}
+
+/**
+ * The combination rules, in one place: throws, naming the first field (in
+ * the table's order) that one of `uses` refuses, with the table's reason.
+ * `at` prefixes the field's name (`policy.`, `config.rateLimit[1].`).
+ */
+export function checkCombination (policy: Readonly<Partial<Policy>>, uses: readonly Use[], at: string): void {
+  for (const name of NAMES) {
+    const value = policy[name]
+    if (!isSet(value)) continue
+    const refused: Readonly<Partial<Record<Use, string>>> = POLICY_FIELDS[name].refused ?? {}
+    for (const use of uses) {
+      const why = refused[use]
+      if (why !== undefined) throw optionError(at + name, value, why)
+    }
+  }
+}
+
+/** What bounds a cost: a policy, or an adapter's default size (never a shadow one there). */
+export type CostBounded = Pick<Policy, 'capacity' | 'refillPerSecond' | 'shadow'> | { readonly capacity: number, readonly shadow?: false }
+
+/**
+ * The largest cost a policy takes: its capacity. A shadow policy never
+ * refuses, so a cost above its capacity is a would-be denial there, not an
+ * error: up to 2^52 us of refill, the longest wait the scripts reply
+ * exactly (see MAX_WINDOW_US).
+ */
+export function maxCost (policy: CostBounded): number {
+  return policy.shadow === true ? MAX_WINDOW_US / 1e6 * policy.refillPerSecond : policy.capacity
+}
+
+/** maxCost, named for an error message: "capacity (10)". */
+export function costBound (policy: CostBounded): string {
+  return policy.shadow === true ? `${maxCost(policy)} (2^52 µs of refill, on a shadow policy)` : `capacity (${policy.capacity})`
+}
+
+/** The cost check of every caller: throws `refuse(bound)` (worded by the caller) when `cost` is above maxCost. */
+export function checkCost (cost: number, policy: CostBounded, refuse: (bound: string) => Error): void {
+  if (cost > maxCost(policy)) throw refuse(costBound(policy))
+}
