@@ -5,7 +5,7 @@
 // app-level bucket, one bucket with two policies, several policies all or
 // nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
 // start-up wait and the programmatic API. Failures of the store are in
-// test/express-failures.test.ts; the byte-for-byte comparison with the
+// test/adapter-failures.test.ts; the byte-for-byte comparison with the
 // Fastify plugin in test/express-parity.test.ts; bucket names against
 // spellings of the URL in test/express-routes.test.ts; late decisions,
 // disconnects and shutdown in test/express-lifecycle.test.ts.

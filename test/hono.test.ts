@@ -7,7 +7,7 @@
 // start-up wait, identity and proxy trust, the denial cache and leases,
 // plans, settlement, shadow mode, lockouts, waiting, shutdown ending waits,
 // the programmatic API and every option's check. Failures of the store are
-// in test/hono-failures.test.ts; the byte-for-byte comparison with the
+// in test/adapter-failures.test.ts; the byte-for-byte comparison with the
 // other adapters in test/express-parity.test.ts.
 
 import { once } from 'node:events'
