@@ -29,8 +29,12 @@ import { httpGet, type Answer } from './express.js'
 /** The options every adapter takes alike (no logger, no handler: the row sets those). */
 export type SharedOptions = Omit<Partial<TollgateOptions & ExpressOptions>, 'logger' | 'handler' | 'key' | 'cost' | 'allow' | 'limit' | 'settle'>
 
-/** A route's limit, in the fields every adapter takes alike. */
-export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'>
+/**
+ * A route's limit, in the fields every adapter takes alike; a `key` that
+ * ignores the request and a numeric `cost` are among them (functions of
+ * the request are not: each framework hands its own request type).
+ */
+export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'> & { key?: () => string, cost?: number }
 
 export interface RouteSpec {
   path: string
@@ -64,6 +68,8 @@ export interface RunningApp {
   server: Server
   /** The limiter's log lines so far (the framework's own are left out). */
   logs (): LogLine[]
+  /** The paths of the requests whose route handler ran, in order. */
+  handled: string[]
   /** Shuts the app down, `first` (one of the row's `shutdowns`) first; resolves once the server has closed. */
   shutdown (first: string): Promise<void>
 }
@@ -78,6 +84,25 @@ export interface AdapterRow {
   startupWait: 'first request' | 'app start'
   /** The ways the app is shut down, each naming what is called first. */
   shutdowns: readonly string[]
+  /**
+   * The app of test/helpers/<child> that answers requests before tollgate
+   * decides them, run in a process of its own with `env`
+   * (test/helpers/late.ts); undefined where there is none yet.
+   */
+  late: { child: string, env: Record<string, string> } | undefined
+  /**
+   * Whether the handler of a request whose client disconnected while it
+   * waited for its tokens still runs once the wait ends (a known difference
+   * of the Fastify plugin; the middleware adapters drop such a request).
+   */
+  goneClientHandled: boolean
+  /**
+   * The Connection header of the answers given to waiting requests at
+   * shutdown: 'close' lets the server's close() complete at once;
+   * 'keep-alive' (a known difference of the Fastify plugin) holds it until
+   * the client drops the idle connection (Node's agent: after 5 s).
+   */
+  shutdownConnection: 'close' | 'keep-alive'
   start (t: Test, spec: AppSpec): Promise<RunningApp>
 }
 
@@ -123,32 +148,40 @@ function middlewareShutdown (server: Server, closeLimit: () => Promise<void>) {
 }
 
 /** What the two middleware adapters share: the logger option, the console by default, close() on the limiter. */
-const MIDDLEWARE = { defaultLog: 'console', startupWait: 'first request', shutdowns: ['server.close()', 'limit.close()'] } as const
+const MIDDLEWARE = {
+  defaultLog: 'console',
+  startupWait: 'first request',
+  shutdowns: ['server.close()', 'limit.close()'],
+  goneClientHandled: false,
+  shutdownConnection: 'close'
+} as const
 
 /** Starts a middleware adapter's app: `make` builds the limiter with the given logger, `serve` the app's (unstarted or listening) server. */
-async function middlewareStart<L extends { close: () => Promise<void> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L) => Server): Promise<RunningApp> {
+async function middlewareStart<L extends { close: () => Promise<void> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L, handled: string[]) => Server): Promise<RunningApp> {
   const { logger, lines } = middlewareLogs(t, spec.log)
   const limit = make(logger === undefined ? {} : { logger })
   t.teardown(() => limit.close())
-  const server = serve(limit)
+  const handled: string[] = []
+  const server = serve(limit, handled)
   const { at, get } = await listening(t, server)
-  return { at, get, server, logs: () => lines, shutdown: middlewareShutdown(server, () => limit.close()) }
+  return { at, get, server, logs: () => lines, handled, shutdown: middlewareShutdown(server, () => limit.close()) }
 }
 
 /** tollgate/express on one Express major: `limit(policy)` before each route's handler. */
-function expressRow (name: string, express: typeof express5 | typeof express4): AdapterRow {
+function expressRow (major: '5' | '4', express: typeof express5 | typeof express4): AdapterRow {
   const ownAnswers: Pick<ExpressOptions, 'handler'> = {
     handler: (_req, res, _next, err) => { res.status(err.status).set(err.headers).json({ code: err.code, retryAfter: err.retryAfter }) }
   }
-  const answer: RequestHandler = (req, res) => { res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
   return {
-    name,
+    name: `express ${major}`,
     decisionAt: 'req.rateLimit',
     ...MIDDLEWARE,
+    late: { child: 'express-late.ts', env: { EXPRESS_MAJOR: major } },
     start: async (t, spec) => await middlewareStart(t, spec,
       (logging) => rateLimit({ ...spec.options as ExpressOptions, ...logging, ...(spec.ownAnswers === true ? ownAnswers : {}) }),
-      (limit) => {
+      (limit, handled) => {
         const app = express()
+        const answer: RequestHandler = (req, res) => { handled.push(req.path); res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
         for (const { path, policy } of spec.routes) app.get(path, limit(policy), answer)
         return createServer(app)
       })
@@ -163,13 +196,17 @@ const honoRow: AdapterRow = {
   name: 'hono',
   decisionAt: "c.get('rateLimit')",
   ...MIDDLEWARE,
+  late: undefined,
   start: async (t, spec) => await middlewareStart(t, spec,
     // The shared options are every adapter's.
     (logging) => honoRateLimit({ ...spec.options as HonoOptions, ...logging, ...(spec.ownAnswers === true ? honoOwnAnswers : {}) }),
-    (limit) => {
+    (limit, handled) => {
       const app = new Hono<RateLimitEnv>()
       for (const { path, policy } of spec.routes) {
-        app.get(path, limit(policy as HonoPolicy | HonoPolicy[]), (c) => c.body(sourceBody(c.get('rateLimit')), 200, { 'content-type': JSON_TYPE }))
+        app.get(path, limit(policy as HonoPolicy | HonoPolicy[]), (c) => {
+          handled.push(c.req.path)
+          return c.body(sourceBody(c.get('rateLimit')), 200, { 'content-type': JSON_TYPE })
+        })
       }
       return createAdaptorServer({ fetch: app.fetch }) as Server
     })
@@ -184,6 +221,9 @@ const fastifyRow: AdapterRow = {
   defaultLog: 'the app logger',
   startupWait: 'app start',
   shutdowns: ['app.close()'],
+  late: { child: 'fastify-late.ts', env: {} },
+  goneClientHandled: true,
+  shutdownConnection: 'keep-alive',
   async start (t, spec) {
     // The plugin logs through the app's logger (pino); Fastify's per-request lines are off.
     const logs = captureLogs()
@@ -195,20 +235,24 @@ const fastifyRow: AdapterRow = {
       app.setErrorHandler((err: FastifyError, _request: FastifyRequest, reply: FastifyReply) =>
         reply.code(err.statusCode ?? 500).send({ code: err.code, retryAfter: Number(reply.getHeader('retry-after')) }))
     }
+    const handled: string[] = []
     for (const { path, policy } of spec.routes) {
-      app.get(path, { config: { rateLimit: policy as RouteRateLimit } }, async (request, reply) => reply.type(JSON_TYPE).send(sourceBody(request.rateLimit)))
+      app.get(path, { config: { rateLimit: policy as RouteRateLimit } }, async (request, reply) => {
+        handled.push(request.url.split('?')[0] as string)
+        return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
+      })
     }
     await app.listen({ host: '127.0.0.1', port: 0 })
     const { at, get } = await listening(t, app.server)
     const lines = (): LogLine[] => logs.lines
       .filter((l) => !String(l.msg).startsWith('Server listening at'))
       .map((l) => ({ level: PINO_LEVELS[l.level as number] ?? 'error', msg: String(l.msg) }))
-    return { at, get, server: app.server, logs: lines, shutdown: async () => { await app.close() } }
+    return { at, get, server: app.server, logs: lines, handled, shutdown: async () => { await app.close() } }
   }
 }
 
 /** One row per framework. */
-export const ADAPTERS: readonly AdapterRow[] = [fastifyRow, expressRow('express 5', express5), honoRow]
+export const ADAPTERS: readonly AdapterRow[] = [fastifyRow, expressRow('5', express5), honoRow]
 
 /** Express 4: the Express adapter's code on the older major, for the promises about the HTTP server it runs on. */
-export const EXPRESS4 = expressRow('express 4', express4)
+export const EXPRESS4 = expressRow('4', express4)
