@@ -6,9 +6,9 @@
 // nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
 // start-up wait and the programmatic API. Failures of the store are in
 // test/adapter-failures.test.ts; the byte-for-byte comparison with the
-// Fastify plugin in test/express-parity.test.ts; bucket names against
+// Fastify plugin in test/adapter-parity.test.ts; bucket names against
 // spellings of the URL in test/express-routes.test.ts; late decisions,
-// disconnects and shutdown in test/express-lifecycle.test.ts.
+// disconnects and shutdown in test/adapter-lifecycle.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
 import { IncomingMessage } from 'node:http'

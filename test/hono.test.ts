@@ -5,14 +5,14 @@
 // bucket with two policies, several policies all or nothing,
 // c.get('rateLimit'), the app answering itself, bad `key`/`cost`, the
 // start-up wait, identity and proxy trust, the denial cache and leases,
-// plans, settlement, shadow mode, lockouts, waiting, shutdown ending waits,
-// the programmatic API and every option's check. Failures of the store are
-// in test/adapter-failures.test.ts; the byte-for-byte comparison with the
-// other adapters in test/express-parity.test.ts.
+// plans, settlement, shadow mode, lockouts, waiting, a Response built by
+// the handler after shutdown, the programmatic API and every option's
+// check. Failures of the store are in test/adapter-failures.test.ts; the
+// byte-for-byte comparison with the other adapters in
+// test/adapter-parity.test.ts; shutdown ending waits and disconnected
+// clients in test/adapter-lifecycle.test.ts.
 
-import { once } from 'node:events'
 import { mkdtemp, rm } from 'node:fs/promises'
-import { request } from 'node:http'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -22,7 +22,7 @@ import t, { type Test } from 'tap'
 import { APP_BUCKET, RateLimitError, rateLimit, type Decision, type HonoOptions, type RateLimit, type RateLimitEnv } from '../lib/hono.js'
 import { keysUnder, sharedRedis, uniquePrefix } from './helpers/app.js'
 import { memoryLogger, type Answer } from './helpers/express.js'
-import { listenHono, serveHono } from './helpers/hono.js'
+import { listenHono } from './helpers/hono.js'
 import { redisUrl } from './helpers/redis.js'
 
 const ok = (c: Context<RateLimitEnv>): Response => {
@@ -501,41 +501,6 @@ t.test('waiting: a request waits for its reserved token instead of a 429', async
   t.ok((JSON.parse(next.body) as { waitedMs: number }).waitedMs > 0, 'and it says it waited')
   t.ok(ms >= 30 && ms < 1000, `held ${ms.toFixed(0)} ms for a token 50 ms away`)
 })
-
-for (const first of ['server.close()', 'limit.close()'] as const) {
-  t.test(`shutdown, ${first} first: limit.close() answers every waiting request at once, and server.close() completes`, async (t) => {
-    const WAIT_MS = 10_000
-    const SHUTDOWN_MS = 1500
-    const limit = rateLimit({ redis, prefix: uniquePrefix(), capacity: 1, refillPerSecond: 0.5, failureMode: 'open', logger: memoryLogger(), timeout: 1000 })
-    const app = new Hono<RateLimitEnv>()
-    app.get('/report', limit({ key: () => 'tenant', maxWaitMs: WAIT_MS }), ok)
-    const { server, port } = await serveHono(t, app)
-    const ask = async (): Promise<{ status: number, retryAfter: string | undefined, connection: string | undefined }> => await new Promise((resolve, reject) => {
-      const req = request({ host: '127.0.0.1', port, path: '/report' }, (res) => {
-        res.resume()
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, retryAfter: res.headers['retry-after'], connection: res.headers.connection }))
-      })
-      req.on('error', reject)
-      req.end()
-    })
-    t.equal((await ask()).status, 200, 'the bucket is empty now')
-    // Three keep-alive requests wait for tokens 2, 4, 6 s away.
-    const held = [1, 2, 3].map(async () => await ask())
-    await sleep(200)
-    const started = performance.now()
-    const closing = async (): Promise<void> => { server.close(); await once(server, 'close') }
-    const closed = first === 'server.close()' ? closing() : limit.close().then(closing)
-    if (first === 'server.close()') await limit.close()
-    const answers = await Promise.all(held)
-    const answeredMs = performance.now() - started
-    await closed
-    const closedMs = performance.now() - started
-    t.same(answers.map((a) => [a.status, a.connection]), [[429, 'close'], [429, 'close'], [429, 'close']], 'the waiting requests are answered as denied, and their connections closed')
-    t.ok(answers.every((a) => a.retryAfter !== undefined), 'with Retry-After')
-    t.ok(answeredMs < SHUTDOWN_MS, `answered ${answeredMs.toFixed(0)} ms after close() (waits of up to ${WAIT_MS} ms; bound ${SHUTDOWN_MS} ms)`)
-    t.ok(closedMs < SHUTDOWN_MS, `server.close() done ${closedMs.toFixed(0)} ms after (bound ${SHUTDOWN_MS} ms)`)
-  })
-}
 
 t.test('after limit.close(), a Response the handler built says Connection: close too', async (t) => {
   const limit = rateLimit({ prefix: uniquePrefix(), capacity: 5, refillPerSecond: 1, failureMode: 'open', logger: memoryLogger() })

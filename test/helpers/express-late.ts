@@ -1,7 +1,7 @@
 // An Express app in a process of its own, run with Node's default
 // unhandled-rejection behaviour (one ends the process), whose requests
 // tollgate decides after their response was sent: started by
-// test/express-lifecycle.test.ts, which asks one of its routes and then
+// test/adapter-lifecycle.test.ts, which asks one of its routes and then
 // checks that it is still alive. REDIS_URL, TOLLGATE_PREFIX and
 // EXPRESS_MAJOR ('5' or '4') come from the environment; it prints
 // `port <n>` once it listens. Every route but /early starts with a timeout
