@@ -1,16 +1,16 @@
 // tollgate/hono (docs/guides/hono.md), on a real Redis, with every
-// app served by @hono/node-server over a real socket: first-call headers,
-// exhaustion, route-pattern buckets (case and encoding variants of one
-// route share one bucket), the limiter itself as app-wide middleware, one
-// bucket with two policies, several policies all or nothing,
+// app served by @hono/node-server over a real socket: route-pattern
+// buckets (case and encoding variants of one route share one bucket), the
+// limiter itself as app-wide middleware, one bucket with two policies,
 // c.get('rateLimit'), the app answering itself, bad `key`/`cost`, the
 // start-up wait, identity and proxy trust, the denial cache and leases,
 // plans, settlement, shadow mode, lockouts, waiting, a Response built by
 // the handler after shutdown, the programmatic API and every option's
-// check. Failures of the store are in test/adapter-failures.test.ts; the
-// byte-for-byte comparison with the other adapters in
-// test/adapter-parity.test.ts; shutdown ending waits and disconnected
-// clients in test/adapter-lifecycle.test.ts.
+// check. First-call headers, exhaustion and several policies on a route,
+// as on every adapter, are in test/adapter-basics.test.ts; failures of the
+// store in test/adapter-failures.test.ts; the byte-for-byte comparison
+// with the other adapters in test/adapter-parity.test.ts; shutdown ending
+// waits and disconnected clients in test/adapter-lifecycle.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -45,41 +45,6 @@ function limiter (t: Test, options: Partial<HonoOptions> = {}): { limit: RateLim
   t.teardown(() => limit.close())
   return { limit, prefix }
 }
-
-t.test('the first call: 200 and the draft-6 headers of a bucket of 100 at 10/s', async (t) => {
-  const { limit } = limiter(t)
-  const app = new Hono<RateLimitEnv>()
-  app.get('/search', limit(), ok)
-  const get = await listenHono(t, app)
-  const a = await get('/search')
-  t.equal(a.status, 200)
-  t.same(JSON.parse(a.body), { source: 'store' }, 'decided by Redis from the first request')
-  t.equal(a.headers['ratelimit-limit'], '100')
-  t.equal(a.headers['ratelimit-remaining'], '99', 'the seed example: 99 left')
-  t.equal(a.headers['ratelimit-reset'], '1')
-  t.equal(a.headers['ratelimit-policy'], '100;w=10')
-  t.equal(a.headers['retry-after'], undefined)
-})
-
-t.test('exhaustion: 429, Retry-After and the JSON body; a denied request spends nothing', async (t) => {
-  const { limit } = limiter(t)
-  const app = new Hono<RateLimitEnv>()
-  app.get('/pay', limit({ capacity: 3, refillPerSecond: 0.01 }), ok)
-  const get = await listenHono(t, app)
-  const statuses: number[] = []
-  let last: Answer | undefined
-  for (let i = 0; i < 5; i++) {
-    last = await get('/pay')
-    statuses.push(last.status)
-  }
-  t.same(statuses, [200, 200, 200, 429, 429])
-  const denied = last as Answer
-  t.equal(denied.headers['retry-after'], '100')
-  t.equal(denied.headers['ratelimit-remaining'], '0')
-  t.equal(denied.headers['content-type'], 'application/json; charset=utf-8')
-  t.equal(denied.headers['content-length'], '133', 'the length of the body below')
-  t.equal(denied.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
-})
 
 t.test('buckets: method and route pattern as Hono matched it, never the raw URL', async (t) => {
   const { limit, prefix } = limiter(t, { refillPerSecond: 0.01 })
@@ -193,24 +158,6 @@ t.test('one bucket, one policy: a second policy on a bucket is refused', async (
   app.get('/x', limit({ capacity: 5 }), limit({ capacity: 6 }), ok)
   const a = await (await listenHono(t, app))('/x')
   t.match(JSON.parse(a.body), { code: 'TOLLGATE_INVALID_OPTION', message: /bucket name with one policy: GET \/x gives it capacity 5/ }, 'on the first request when the route names it')
-})
-
-t.test('several policies: all or nothing, in one call; draft-10 lists them', async (t) => {
-  const { limit, prefix } = limiter(t)
-  const app = new Hono<RateLimitEnv>()
-  app.get('/pay', limit([{ capacity: 5, refillPerSecond: 0.01, headers: 'draft-10', ...byClient }, { capacity: 2, refillPerSecond: 0.01 }]), ok)
-  const get = await listenHono(t, app)
-  const statuses: number[] = []
-  let last: Answer | undefined
-  for (let i = 0; i < 4; i++) {
-    last = await get('/pay', { 'x-client': 'alice' })
-    statuses.push(last.status)
-  }
-  t.same(statuses, [200, 200, 429, 429])
-  t.equal(last?.headers.ratelimit, '"GET /pay";r=3;t=200, "GET /pay#1";r=0;t=100')
-  t.equal(last?.headers['ratelimit-policy'], '"GET /pay";q=5;w=500, "GET /pay#1";q=2;w=200')
-  t.equal((await limit.peek('alice', { bucket: 'GET /pay', capacity: 5, refillPerSecond: 0.01 })).remaining, 3, 'the denied requests took nothing from the wide bucket')
-  t.same(await keysUnder(redis, prefix), [`${prefix}:{alice}:GET /pay`, `${prefix}:{alice}:GET /pay#1`])
 })
 
 t.test("c.get('rateLimit'), allow, legacy headers and headers: false", async (t) => {

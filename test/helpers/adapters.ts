@@ -14,15 +14,15 @@ import { once } from 'node:events'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdaptorServer } from '@hono/node-server'
-import express5, { type RequestHandler } from 'express'
+import express5, { type Request, type RequestHandler } from 'express'
 import express4 from 'express4'
 import Fastify, { LogController, type FastifyError, type FastifyReply, type FastifyRequest } from 'fastify'
-import { Hono } from 'hono'
+import { Hono, type Context } from 'hono'
 import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions, type HonoPolicy, type RateLimitEnv } from '../../lib/hono.js'
-import type { Logger } from '../../lib/core/types.js'
+import type { Decision, Logger } from '../../lib/core/types.js'
 import { captureLogs } from './app.js'
 import { httpGet, type Answer } from './express.js'
 
@@ -40,7 +40,12 @@ export interface RouteSpec {
   path: string
   /** The route's limit; several are all or nothing. */
   policy: SharedPolicy | SharedPolicy[]
+  /** Each policy's client key is this request header ('anonymous' without it), read the framework's way. */
+  keyHeader?: string
 }
+
+/** A programmatic policy: named bucket, numeric cost. */
+export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number }
 
 export interface AppSpec {
   options: SharedOptions
@@ -70,6 +75,8 @@ export interface RunningApp {
   logs (): LogLine[]
   /** The paths of the requests whose route handler ran, in order. */
   handled: string[]
+  /** The limiter's peek (`limit.peek`, `app.tollgate.peek`). */
+  peek (clientKey: string, policy: NamedPolicy): Promise<Decision>
   /** Shuts the app down, `first` (one of the row's `shutdowns`) first; resolves once the server has closed. */
   shutdown (first: string): Promise<void>
 }
@@ -107,6 +114,19 @@ export interface AdapterRow {
 }
 
 const JSON_TYPE = 'application/json; charset=utf-8'
+
+/**
+ * The route's policies, each with the key function `key` makes for the
+ * route's `keyHeader` (the row's own: its request type), if it names one.
+ */
+function keyed (route: RouteSpec, key: (header: string) => unknown): object {
+  const header = route.keyHeader
+  if (header === undefined) return route.policy
+  // One function for the route: its key is one per route, the same in every policy.
+  const read = key(header)
+  const withKey = (policy: SharedPolicy): object => ({ ...policy, key: read })
+  return Array.isArray(route.policy) ? route.policy.map(withKey) : withKey(route.policy)
+}
 /** The body every row's handlers answer with. */
 function sourceBody (decision: { source: string } | undefined): string {
   return JSON.stringify({ source: decision?.source ?? null })
@@ -157,14 +177,14 @@ const MIDDLEWARE = {
 } as const
 
 /** Starts a middleware adapter's app: `make` builds the limiter with the given logger, `serve` the app's (unstarted or listening) server. */
-async function middlewareStart<L extends { close: () => Promise<void> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L, handled: string[]) => Server): Promise<RunningApp> {
+async function middlewareStart<L extends { close: () => Promise<void>, peek: (clientKey: string, policy: NamedPolicy) => Promise<Decision> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L, handled: string[]) => Server): Promise<RunningApp> {
   const { logger, lines } = middlewareLogs(t, spec.log)
   const limit = make(logger === undefined ? {} : { logger })
   t.teardown(() => limit.close())
   const handled: string[] = []
   const server = serve(limit, handled)
   const { at, get } = await listening(t, server)
-  return { at, get, server, logs: () => lines, handled, shutdown: middlewareShutdown(server, () => limit.close()) }
+  return { at, get, server, logs: () => lines, handled, peek: (clientKey, policy) => limit.peek(clientKey, policy), shutdown: middlewareShutdown(server, () => limit.close()) }
 }
 
 /** tollgate/express on one Express major: `limit(policy)` before each route's handler. */
@@ -182,7 +202,8 @@ function expressRow (major: '5' | '4', express: typeof express5 | typeof express
       (limit, handled) => {
         const app = express()
         const answer: RequestHandler = (req, res) => { handled.push(req.path); res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
-        for (const { path, policy } of spec.routes) app.get(path, limit(policy), answer)
+        const key = (header: string) => (req: Request) => req.get(header) ?? 'anonymous'
+        for (const route of spec.routes) app.get(route.path, limit(keyed(route, key) as ExpressPolicy), answer)
         return createServer(app)
       })
   }
@@ -202,8 +223,9 @@ const honoRow: AdapterRow = {
     (logging) => honoRateLimit({ ...spec.options as HonoOptions, ...logging, ...(spec.ownAnswers === true ? honoOwnAnswers : {}) }),
     (limit, handled) => {
       const app = new Hono<RateLimitEnv>()
-      for (const { path, policy } of spec.routes) {
-        app.get(path, limit(policy as HonoPolicy | HonoPolicy[]), (c) => {
+      const key = (header: string) => (c: Context) => c.req.header(header) ?? 'anonymous'
+      for (const route of spec.routes) {
+        app.get(route.path, limit(keyed(route, key) as HonoPolicy), (c) => {
           handled.push(c.req.path)
           return c.body(sourceBody(c.get('rateLimit')), 200, { 'content-type': JSON_TYPE })
         })
@@ -236,8 +258,9 @@ const fastifyRow: AdapterRow = {
         reply.code(err.statusCode ?? 500).send({ code: err.code, retryAfter: Number(reply.getHeader('retry-after')) }))
     }
     const handled: string[] = []
-    for (const { path, policy } of spec.routes) {
-      app.get(path, { config: { rateLimit: policy as RouteRateLimit } }, async (request, reply) => {
+    const key = (header: string) => (request: FastifyRequest) => String(request.headers[header] ?? 'anonymous')
+    for (const route of spec.routes) {
+      app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit } }, async (request, reply) => {
         handled.push(request.url.split('?')[0] as string)
         return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
       })
@@ -247,7 +270,7 @@ const fastifyRow: AdapterRow = {
     const lines = (): LogLine[] => logs.lines
       .filter((l) => !String(l.msg).startsWith('Server listening at'))
       .map((l) => ({ level: PINO_LEVELS[l.level as number] ?? 'error', msg: String(l.msg) }))
-    return { at, get, server: app.server, logs: lines, handled, shutdown: async () => { await app.close() } }
+    return { at, get, server: app.server, logs: lines, handled, peek: (clientKey, policy) => app.tollgate.peek(clientKey, policy), shutdown: async () => { await app.close() } }
   }
 }
 
