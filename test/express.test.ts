@@ -3,9 +3,9 @@
 // `express4`): route-pattern buckets, the limiter itself as app-wide
 // middleware (`app.use(rateLimit(...))`), the app-level bucket, one bucket
 // with two policies, req.rateLimit, the app answering itself, bad
-// `key`/`cost`, the start-up wait and the programmatic API. First-call
-// headers, exhaustion and several policies on a route, as on every adapter,
-// are in test/adapter-basics.test.ts; failures of the store in
+// `key`/`cost`, the start-up wait and reserve and settle. First-call
+// headers, exhaustion, several policies on a route and consume, peek and
+// reset, as on every adapter, are in test/adapter-basics.test.ts; failures of the store in
 // test/adapter-failures.test.ts; the byte-for-byte comparison with the
 // Fastify plugin in test/adapter-parity.test.ts; bucket names against
 // spellings of the URL in test/express-routes.test.ts; late decisions,
@@ -411,18 +411,6 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal((await post('/login', { 'x-client': 'alice' }, 'POST')).status, 200, 'another client is not blocked')
       t.throws(() => limit({ bucket: 'x', lockout: { after: 2, withinMs: 1000, forMs: 1000 }, settle: () => 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`limit\(\): lockout` must be unset to reserve and settle/ })
       await t.rejects(limit.limiter.reserve('c', { bucket: 'x', capacity: 1, refillPerSecond: 1, failureMode: 'open', shadow: true }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be unset/ })
-    })
-
-    t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
-      const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
-      const login = { bucket: 'login', cost: 2 }
-      t.match(await limit.consume('carol', login), { allowed: true, remaining: 3 })
-      t.match(await limit.consume('carol', login, 3), { allowed: true, remaining: 0 })
-      t.match(await limit.peek('carol', login), { allowed: false })
-      await limit.reset('carol', 'login')
-      t.match(await limit.peek('carol', login), { remaining: 5 })
-      t.equal(limit.limiter.state, 'healthy')
-      await t.rejects(limit.consume('carol', { bucket: 'login', key: () => 'x' } as never), { code: 'TOLLGATE_INVALID_OPTION' })
     })
 
     t.test('the programmatic API: reserve and settle by handle, in Redis', async (t) => {

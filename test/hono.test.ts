@@ -5,9 +5,9 @@
 // c.get('rateLimit'), the app answering itself, bad `key`/`cost`, the
 // start-up wait, identity and proxy trust, the denial cache and leases,
 // plans, settlement, shadow mode, lockouts, waiting, a Response built by
-// the handler after shutdown, the programmatic API and every option's
-// check. First-call headers, exhaustion and several policies on a route,
-// as on every adapter, are in test/adapter-basics.test.ts; failures of the
+// the handler after shutdown, reserve and settle, and every option's
+// check. First-call headers, exhaustion, several policies on a route and
+// consume, peek and reset, as on every adapter, are in test/adapter-basics.test.ts; failures of the
 // store in test/adapter-failures.test.ts; the byte-for-byte comparison
 // with the other adapters in test/adapter-parity.test.ts; shutdown ending
 // waits and disconnected clients in test/adapter-lifecycle.test.ts.
@@ -458,20 +458,12 @@ t.test('after limit.close(), a Response the handler built says Connection: close
   t.same([res.status, res.headers.get('connection'), res.headers.get('ratelimit-remaining')], [200, 'close', '4'])
 })
 
-t.test('the programmatic API: consume, peek, reset, reserve and settle over the options', async (t) => {
+t.test('the programmatic API: reserve and settle over the options', async (t) => {
   const { limit } = limiter(t, { capacity: 5, refillPerSecond: 0.01, timeout: 1000 })
-  const login = { bucket: 'login', cost: 2 }
-  t.match(await limit.consume('carol', login), { allowed: true, remaining: 3 })
-  t.match(await limit.consume('carol', login, 3), { allowed: true, remaining: 0 })
-  t.match(await limit.peek('carol', login), { allowed: false })
-  await limit.reset('carol', 'login')
-  t.match(await limit.peek('carol', login), { remaining: 5 })
-  t.equal(limit.limiter.state, 'healthy')
   const reservation = await limit.reserve('dave', { bucket: 'exports' }, 4)
   t.match(reservation.decision, { allowed: true, remaining: 1, source: 'store' })
   await limit.settle(reservation, 1)
   t.match(await limit.peek('dave', { bucket: 'exports' }), { remaining: 4 }, 'charged 1 of the 4 reserved')
-  await t.rejects(limit.consume('carol', { bucket: 'login', key: () => 'x' } as never), { code: 'TOLLGATE_INVALID_OPTION' })
 })
 
 t.test("options are checked like the other adapters': coded TypeErrors naming the option", async (t) => {

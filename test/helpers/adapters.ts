@@ -22,7 +22,7 @@ import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions, type HonoPolicy, type RateLimitEnv } from '../../lib/hono.js'
-import type { Decision, Logger } from '../../lib/core/types.js'
+import type { Decision, Limiter, Logger } from '../../lib/core/types.js'
 import { captureLogs } from './app.js'
 import { httpGet, type Answer } from './express.js'
 
@@ -46,6 +46,14 @@ export interface RouteSpec {
 
 /** A programmatic policy: named bucket, numeric cost. */
 export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number }
+
+/** What every adapter's programmatic API offers alike. */
+export interface ProgrammaticApi {
+  consume (clientKey: string, policy: NamedPolicy, cost?: number): Promise<Decision>
+  peek (clientKey: string, policy: NamedPolicy): Promise<Decision>
+  reset (clientKey: string, bucket: string): Promise<void>
+  readonly limiter: Limiter
+}
 
 export interface AppSpec {
   options: SharedOptions
@@ -75,8 +83,8 @@ export interface RunningApp {
   logs (): LogLine[]
   /** The paths of the requests whose route handler ran, in order. */
   handled: string[]
-  /** The limiter's peek (`limit.peek`, `app.tollgate.peek`). */
-  peek (clientKey: string, policy: NamedPolicy): Promise<Decision>
+  /** The programmatic API over the app's options (`limit.consume`, `app.tollgate.consume`, ...). */
+  api: ProgrammaticApi
   /** Shuts the app down, `first` (one of the row's `shutdowns`) first; resolves once the server has closed. */
   shutdown (first: string): Promise<void>
 }
@@ -177,14 +185,14 @@ const MIDDLEWARE = {
 } as const
 
 /** Starts a middleware adapter's app: `make` builds the limiter with the given logger, `serve` the app's (unstarted or listening) server. */
-async function middlewareStart<L extends { close: () => Promise<void>, peek: (clientKey: string, policy: NamedPolicy) => Promise<Decision> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L, handled: string[]) => Server): Promise<RunningApp> {
+async function middlewareStart<L extends ProgrammaticApi & { close: () => Promise<void> }> (t: Test, spec: AppSpec, make: (logging: { logger?: Logger }) => L, serve: (limit: L, handled: string[]) => Server): Promise<RunningApp> {
   const { logger, lines } = middlewareLogs(t, spec.log)
   const limit = make(logger === undefined ? {} : { logger })
   t.teardown(() => limit.close())
   const handled: string[] = []
   const server = serve(limit, handled)
   const { at, get } = await listening(t, server)
-  return { at, get, server, logs: () => lines, handled, peek: (clientKey, policy) => limit.peek(clientKey, policy), shutdown: middlewareShutdown(server, () => limit.close()) }
+  return { at, get, server, logs: () => lines, handled, api: limit, shutdown: middlewareShutdown(server, () => limit.close()) }
 }
 
 /** tollgate/express on one Express major: `limit(policy)` before each route's handler. */
@@ -270,7 +278,7 @@ const fastifyRow: AdapterRow = {
     const lines = (): LogLine[] => logs.lines
       .filter((l) => !String(l.msg).startsWith('Server listening at'))
       .map((l) => ({ level: PINO_LEVELS[l.level as number] ?? 'error', msg: String(l.msg) }))
-    return { at, get, server: app.server, logs: lines, handled, peek: (clientKey, policy) => app.tollgate.peek(clientKey, policy), shutdown: async () => { await app.close() } }
+    return { at, get, server: app.server, logs: lines, handled, api: app.tollgate, shutdown: async () => { await app.close() } }
   }
 }
 
