@@ -1,14 +1,16 @@
-// The adapters as a table: one row per framework tollgate plugs into (the
-// Fastify plugin, tollgate/express on Express 5 and on Express 4,
-// tollgate/hono on @hono/node-server). A row starts an app with the given
-// tollgate options and routes on a real HTTP server of 127.0.0.1, answers
-// `GET <route>` with `{"source":<the decision's source or null>}` as
-// `application/json; charset=utf-8` on every framework, and knows how the
-// app shuts down. What differs between frameworks, and that a test has to
+// The adapters as a table: one row per framework tollgate plugs into
+// (ADAPTERS: the Fastify plugin, tollgate/express on Express 5,
+// tollgate/hono on @hono/node-server; EXPRESS4, the Express adapter on the
+// older major, for the promises about the HTTP server it runs on). A row
+// starts an app with the given tollgate options and routes on a real HTTP
+// server of 127.0.0.1, answers `GET <route>` with `{"source":<the
+// decision's source or null>}` as `application/json; charset=utf-8` on
+// every framework, offers the programmatic API, and knows how the app
+// shuts down. What differs between frameworks, and that a test has to
 // know, is data on the row (`decisionAt`, `defaultLog`, `startupWait`,
-// `shutdowns`), never a test's `if` on the row's name. Tests that hold
-// every framework to one promise loop over ADAPTERS; a new framework is
-// one more row.
+// `shutdowns`, `late`, and the known differences `goneClientHandled` and
+// `shutdownConnection`), never a test's `if` on the row's name. A new
+// framework is one more row.
 
 import { once } from 'node:events'
 import { createServer, type Server } from 'node:http'
@@ -135,6 +137,7 @@ function keyed (route: RouteSpec, key: (header: string) => unknown): object {
   const withKey = (policy: SharedPolicy): object => ({ ...policy, key: read })
   return Array.isArray(route.policy) ? route.policy.map(withKey) : withKey(route.policy)
 }
+
 /** The body every row's handlers answer with. */
 function sourceBody (decision: { source: string } | undefined): string {
   return JSON.stringify({ source: decision?.source ?? null })
