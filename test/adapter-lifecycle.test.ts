@@ -61,6 +61,7 @@ async function lateDecisions (t: Test, late: NonNullable<AdapterRow['late']>): P
       continue
     }
     t.match(stats, scenario.stats, `${scenario.name}: the process lives; no handler ran for an answered request`)
+    t.same((stats as { handled?: unknown }).handled, scenario.stats.handled, `${scenario.name}: exactly these handlers ran so far`)
   }
   t.same(died, [], `processes ended by a late decision: ${died.length} of ${scenarios.length}`)
   const { code, stderr } = await c.stop()
