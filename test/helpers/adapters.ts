@@ -228,7 +228,7 @@ const honoRow: AdapterRow = {
   name: 'hono',
   decisionAt: "c.get('rateLimit')",
   ...MIDDLEWARE,
-  late: undefined,
+  late: { child: 'hono-late.ts', env: {} },
   start: async (t, spec) => await middlewareStart(t, spec,
     // The shared options are every adapter's.
     (logging) => honoRateLimit({ ...spec.options as HonoOptions, ...logging, ...(spec.ownAnswers === true ? honoOwnAnswers : {}) }),
