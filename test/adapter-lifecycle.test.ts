@@ -39,7 +39,7 @@ const CLIENT_KEEPALIVE_MS = 5000
 
 const url = await redisUrl(t)
 
-async function lateDecisions (t: Test, late: NonNullable<AdapterRow['late']>): Promise<void> {
+async function lateDecisions (t: Test, late: AdapterRow['late']): Promise<void> {
   const scenarios = LATE_SCENARIOS[late.child] ?? []
   // One process for all of them (a process takes seconds to start on a
   // loaded machine); one that dies is reported and replaced.
@@ -121,8 +121,7 @@ async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void>
 
 for (const row of [...ADAPTERS, EXPRESS4]) {
   t.test(row.name, async (t) => {
-    const late = row.late
-    if (late !== undefined) t.test('a decision after the response was sent is dropped; the process lives', (t) => lateDecisions(t, late))
+    t.test('a decision after the response was sent is dropped; the process lives', (t) => lateDecisions(t, row.late))
     t.test('a client that disconnects while it waits: no handler; its waiter slot is held to the end of its wait', (t) => disconnects(t, row))
     for (const first of row.shutdowns) {
       t.test(`shutdown, ${first} first: every waiting request is answered at once, and the server closes`, (t) => shutdown(t, row, first))

@@ -104,9 +104,9 @@ export interface AdapterRow {
   /**
    * The app of test/helpers/<child> that answers requests before tollgate
    * decides them, run in a process of its own with `env`
-   * (test/helpers/late.ts); undefined where there is none yet.
+   * (test/helpers/late.ts).
    */
-  late: { child: string, env: Record<string, string> } | undefined
+  late: { child: string, env: Record<string, string> }
   /**
    * Whether the handler of a request whose client disconnected while it
    * waited for its tokens still runs once the wait ends (a known difference
