@@ -1,14 +1,15 @@
 // tollgate/express (docs/guides/express.md), on a real Redis, run once against
 // Express 5 and once against Express 4 (installed under the alias
-// `express4`): first-call headers, exhaustion, route-pattern buckets, the
-// limiter itself as app-wide middleware (`app.use(rateLimit(...))`), the
-// app-level bucket, one bucket with two policies, several policies all or
-// nothing, req.rateLimit, the app answering itself, bad `key`/`cost`, the
-// start-up wait and the programmatic API. Failures of the store are in
-// test/express-failures.test.ts; the byte-for-byte comparison with the
-// Fastify plugin in test/express-parity.test.ts; bucket names against
+// `express4`): route-pattern buckets, the limiter itself as app-wide
+// middleware (`app.use(rateLimit(...))`), the app-level bucket, one bucket
+// with two policies, req.rateLimit, the app answering itself, bad
+// `key`/`cost`, the start-up wait and reserve and settle. First-call
+// headers, exhaustion, several policies on a route and consume, peek and
+// reset, as on every adapter, are in test/adapter-basics.test.ts; failures of the store in
+// test/adapter-failures.test.ts; the byte-for-byte comparison with the
+// Fastify plugin in test/adapter-parity.test.ts; bucket names against
 // spellings of the URL in test/express-routes.test.ts; late decisions,
-// disconnects and shutdown in test/express-lifecycle.test.ts.
+// disconnects and shutdown in test/adapter-lifecycle.test.ts.
 
 import { mkdtemp, rm } from 'node:fs/promises'
 import { IncomingMessage } from 'node:http'
@@ -55,40 +56,6 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.teardown(() => limit.close())
       return { limit, prefix }
     }
-
-    t.test('the first call: 200 and the draft-6 headers of a bucket of 100 at 10/s', async (t) => {
-      const { limit } = limiter(t)
-      const app = express()
-      app.get('/search', limit(), ok)
-      const get = await listen(t, app)
-      const a = await get('/search')
-      t.equal(a.status, 200)
-      t.same(JSON.parse(a.body), { source: 'store' }, 'decided by Redis from the first request')
-      t.equal(a.headers['ratelimit-limit'], '100')
-      t.equal(a.headers['ratelimit-remaining'], '99', 'the seed example: 99 left')
-      t.equal(a.headers['ratelimit-reset'], '1')
-      t.equal(a.headers['ratelimit-policy'], '100;w=10')
-      t.equal(a.headers['retry-after'], undefined)
-    })
-
-    t.test('exhaustion: 429, Retry-After and the JSON body; a denied request spends nothing', async (t) => {
-      const { limit } = limiter(t)
-      const app = express()
-      app.get('/pay', limit({ capacity: 3, refillPerSecond: 0.01 }), ok)
-      const get = await listen(t, app)
-      const statuses: number[] = []
-      let last: Answer | undefined
-      for (let i = 0; i < 5; i++) {
-        last = await get('/pay')
-        statuses.push(last.status)
-      }
-      t.same(statuses, [200, 200, 200, 429, 429])
-      const denied = last as Answer
-      t.equal(denied.headers['retry-after'], '100')
-      t.equal(denied.headers['ratelimit-remaining'], '0')
-      t.equal(denied.headers['content-type'], 'application/json; charset=utf-8')
-      t.equal(denied.body, '{"statusCode":429,"code":"TOLLGATE_RATE_LIMITED","error":"Too Many Requests","message":"Rate limit exceeded, retry in 100 second(s)"}')
-    })
 
     t.test('buckets: method and mount path + route pattern, never the raw URL', async (t) => {
       const { limit, prefix } = limiter(t)
@@ -195,25 +162,6 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       app.use(((err, _req, res, _next) => { res.status(500).json({ code: err.code, message: err.message }) }) as ErrorRequestHandler)
       const a = await (await listen(t, app))('/x')
       t.match(JSON.parse(a.body), { code: 'TOLLGATE_INVALID_OPTION', message: /bucket name with one policy: GET \/x gives it capacity 5/ }, 'on the first request when the route names it')
-    })
-
-    t.test('several policies: all or nothing, in one call; draft-10 lists them', async (t) => {
-      const { limit, prefix } = limiter(t)
-      const app = express()
-      app.get('/pay', limit([{ capacity: 5, refillPerSecond: 0.01, headers: 'draft-10', ...byClient }, { capacity: 2, refillPerSecond: 0.01 }]), ok)
-      const get = await listen(t, app)
-      const statuses: number[] = []
-      let last: Answer | undefined
-      for (let i = 0; i < 4; i++) {
-        last = await get('/pay', { 'x-client': 'alice' })
-        statuses.push(last.status)
-      }
-      t.same(statuses, [200, 200, 429, 429])
-      t.equal(last?.headers.ratelimit, '"GET /pay";r=3;t=200, "GET /pay#1";r=0;t=100')
-      t.equal(last?.headers['ratelimit-policy'], '"GET /pay";q=5;w=500, "GET /pay#1";q=2;w=200')
-      const wide = await limit.peek('alice', { bucket: 'GET /pay', capacity: 5, refillPerSecond: 0.01 })
-      t.equal(wide.remaining, 3, 'the denied requests took nothing from the wide bucket')
-      t.same(await keysUnder(redis, prefix), [`${prefix}:{alice}:GET /pay`, `${prefix}:{alice}:GET /pay#1`])
     })
 
     t.test('req.rateLimit, allow, legacy headers and headers: false', async (t) => {
@@ -463,18 +411,6 @@ for (const [major, express] of [['Express 5', express5], ['Express 4', express4]
       t.equal((await post('/login', { 'x-client': 'alice' }, 'POST')).status, 200, 'another client is not blocked')
       t.throws(() => limit({ bucket: 'x', lockout: { after: 2, withinMs: 1000, forMs: 1000 }, settle: () => 0 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`limit\(\): lockout` must be unset to reserve and settle/ })
       await t.rejects(limit.limiter.reserve('c', { bucket: 'x', capacity: 1, refillPerSecond: 1, failureMode: 'open', shadow: true }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be unset/ })
-    })
-
-    t.test('the programmatic API: consume, peek, reset over the options', async (t) => {
-      const { limit } = limiter(t, { capacity: 5, refillPerSecond: 1 })
-      const login = { bucket: 'login', cost: 2 }
-      t.match(await limit.consume('carol', login), { allowed: true, remaining: 3 })
-      t.match(await limit.consume('carol', login, 3), { allowed: true, remaining: 0 })
-      t.match(await limit.peek('carol', login), { allowed: false })
-      await limit.reset('carol', 'login')
-      t.match(await limit.peek('carol', login), { remaining: 5 })
-      t.equal(limit.limiter.state, 'healthy')
-      await t.rejects(limit.consume('carol', { bucket: 'login', key: () => 'x' } as never), { code: 'TOLLGATE_INVALID_OPTION' })
     })
 
     t.test('the programmatic API: reserve and settle by handle, in Redis', async (t) => {

@@ -1,7 +1,7 @@
 // An Express app in a process of its own, run with Node's default
 // unhandled-rejection behaviour (one ends the process), whose requests
 // tollgate decides after their response was sent: started by
-// test/express-lifecycle.test.ts, which asks one of its routes and then
+// test/adapter-lifecycle.test.ts, which asks one of its routes and then
 // checks that it is still alive. REDIS_URL, TOLLGATE_PREFIX and
 // EXPRESS_MAJOR ('5' or '4') come from the environment; it prints
 // `port <n>` once it listens. Every route but /early starts with a timeout
@@ -10,7 +10,7 @@
 //   /startup   a limiter whose Redis never connects: decided (failing
 //              closed, with Retry-After) once the 2 s start-up wait is over
 //   /wait      capacity 1 at 5/s with maxWaitMs: the second request waits 200 ms
-//   /slow      Redis made slow by a proxy (SLOW_MS per reply) inside a 2 s
+//   /slow      Redis made slow by a proxy (test/helpers/late-stores.ts) inside a 2 s
 //              deadline, capacity 1: the first is allowed late, the second denied late
 //   /settle    the same Redis, on a route that settles (free): reserved late
 //   /early     an earlier middleware answered and still called next()
@@ -24,11 +24,10 @@ import express4 from 'express4'
 import { Redis } from 'ioredis'
 import { rateLimit } from '../../lib/express.js'
 import { memoryLogger } from './express.js'
-import { startProxy } from './proxy.js'
+import { lateStores } from './late-stores.js'
 import { freePort } from './redis.js'
 
 const TIMEOUT_MS = 30
-const SLOW_MS = 150
 const url = process.env.REDIS_URL as string
 const prefix = process.env.TOLLGATE_PREFIX as string
 const express = process.env.EXPRESS_MAJOR === '4' ? express4 : express5
@@ -52,13 +51,11 @@ const startup = rateLimit({ redis: never, prefix, capacity: 5, refillPerSecond: 
 let startupOver = false
 void startup.ready.then(() => { startupOver = true })
 
-const redis = new Redis(url)
-const limit = rateLimit({ redis, prefix, capacity: 1, refillPerSecond: 5, failureMode: 'closed', timeout: 1000, logger: memoryLogger() })
-const proxy = await startProxy(url)
-const slowRedis = new Redis(proxy.url)
-const slow = rateLimit({ redis: slowRedis, prefix, capacity: 1, refillPerSecond: 0.01, failureMode: 'closed', timeout: 2000, logger: memoryLogger() })
+const { redis, slowRedis, proxy, wait, slow: slowOptions, slowDown } = await lateStores(url, prefix)
+const limit = rateLimit(wait)
+const slow = rateLimit(slowOptions)
 await Promise.all([limit.ready, slow.ready])
-proxy.delayMs = SLOW_MS
+slowDown()
 const rejecting = rateLimit({ redis, prefix, capacity: 1, refillPerSecond: 0.01, failureMode: 'closed', timeout: 1000, logger: memoryLogger(), handler: async () => { throw new Error('the handler failed') } })
 
 const app = express()

@@ -20,6 +20,11 @@ export async function listen (t: Test, app: Express, path?: string): Promise<(ur
   await once(server, 'listening')
   t.teardown(() => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()) }))
   const where = path === undefined ? { host: '127.0.0.1', port: (server.address() as AddressInfo).port } : { socketPath: path }
+  return httpGet(where)
+}
+
+/** A plain HTTP client of a host and port (or a Unix socket path), with Node's default agent. */
+export function httpGet (where: { host: string, port: number } | { socketPath: string }): (url: string, headers?: Record<string, string>, method?: string) => Promise<Answer> {
   return async (url, headers = {}, method = 'GET') => await new Promise<Answer>((resolve, reject) => {
     const req = request({ ...where, path: url, headers, method }, (res) => {
       const chunks: Buffer[] = []

@@ -2,7 +2,7 @@
 // in a process of its own, under Node's default unhandled-rejection
 // behaviour, whose replies an app hook sends (a timeout's 503 after
 // TIMEOUT_MS) while tollgate's hook still waits for its decision. Started
-// by test/express-lifecycle.test.ts; REDIS_URL and TOLLGATE_PREFIX come
+// by test/adapter-lifecycle.test.ts; REDIS_URL and TOLLGATE_PREFIX come
 // from the environment; prints `port <n>` once it listens.
 //
 //   /wait   capacity 1 at 5/s with maxWaitMs: the second request waits 200 ms

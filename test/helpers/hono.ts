@@ -3,11 +3,11 @@
 // shape, so that the requests arrive over a real socket, as in production.
 
 import { once } from 'node:events'
-import { request, type Server } from 'node:http'
+import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdaptorServer } from '@hono/node-server'
 import type { Test } from 'tap'
-import type { Answer } from './express.js'
+import { httpGet, type Answer } from './express.js'
 
 /** What serving needs of a Hono app. */
 export interface HonoApp { fetch: Parameters<typeof createAdaptorServer>[0]['fetch'] }
@@ -22,15 +22,7 @@ export async function serveHono (t: Test, app: HonoApp, path?: string): Promise<
   await once(server, 'listening')
   t.teardown(() => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()) }))
   const where = path === undefined ? { host: '127.0.0.1', port: (server.address() as AddressInfo).port } : { socketPath: path }
-  const get: Get = async (url, headers = {}, method = 'GET') => await new Promise<Answer>((resolve, reject) => {
-    const req = request({ ...where, path: url, headers, method }, (res) => {
-      const chunks: Buffer[] = []
-      res.on('data', (chunk: Buffer) => chunks.push(chunk))
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() }))
-    })
-    req.on('error', reject)
-    req.end()
-  })
+  const get: Get = httpGet(where)
   return { get, server, port: path === undefined ? (server.address() as AddressInfo).port : 0 }
 }
 
