@@ -32,9 +32,7 @@
 import { optionError } from '../core/errors.js'
 import { honoHandlerHint } from '../core/migrating.js'
 import { hinted, isFunction, isRecord, type AppFunction } from '../core/options.js'
-import { BAD_INPUT } from './request.js'
 import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, type Defaults, type Dialect, type RouteLimit } from './route.js'
-import type { Logger } from '../core/types.js'
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
@@ -187,12 +185,4 @@ export function badInput (message: string): Error {
     statusCode: { value: 500, enumerable: true }
   })
   return err
-}
-
-/** The middleware adapters' `refuse` (lib/http/request.ts): the line through the instance's logger, then the 500 of BAD_INPUT. */
-export function refuser (log: Logger): (request: unknown, message: string) => Error {
-  return (_request, message) => {
-    log.error({ code: BAD_INPUT.code }, message)
-    return badInput(BAD_INPUT.message)
-  }
 }
