@@ -11,12 +11,9 @@
 // request type (`Request<Params>`, `Context<Env, Path>`,
 // `FastifyRequest<RouteGeneric>`) fits.
 
-import type { HEADER_MODES } from './headers.js'
+import type { HeaderMode } from './headers.js'
 import type { Tier } from './tiers.js'
 import type { BreakerOptions, FailureMode, LimiterOptions, Logger, MetricsOptions, Policy, RedisClient } from '../core/types.js'
-
-/** Which rate-limit headers a route sends; `false` sends none. */
-export type HeadersOption = (typeof HEADER_MODES)[number]
 
 /**
  * The fields of a policy that the programmatic API takes as well as a
@@ -52,7 +49,7 @@ export interface PolicyFields<Req, Settled extends readonly unknown[]> extends C
   /** Bucket name; limits naming the same bucket share it (default: the method and route pattern, see the adapter's guide). */
   bucket?: string | undefined
   /** Which rate-limit headers to send (default 'draft-6'). */
-  headers?: HeadersOption | undefined
+  headers?: HeaderMode | undefined
   /** Requests for which it returns true skip the limiter. */
   allow?(request: Req): boolean | Promise<boolean>
   /**
