@@ -161,7 +161,10 @@ const IDENTITY: Identity<FastifyRequest> = {
     header: (request, name) => request.headers[name],
     untrusted: (header) => `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`,
     everyHop: {
-      trusts: (request) => trustsEveryHop((raw) => (Reflect.get(request, 'ips', { raw }) as string[] | undefined)?.length === PROBE_HOPS.length + 1),
+      trusts: (request) => trustsEveryHop((raw) => {
+        const ips: unknown = Reflect.get(request, 'ips', { raw })
+        return Array.isArray(ips) && ips.length === PROBE_HOPS.length + 1
+      }),
       warning: `tollgate: Fastify's \`trustProxy\` trusts every address at every hop (\`trustProxy: true\`), so request.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies' addresses (\`trustProxy: '127.0.0.1'\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`
     },
     showsIp: true
@@ -283,10 +286,9 @@ function notFoundOption (value: unknown, name: string): void {
 }
 
 /** Adds `hook` after the route's own hooks of that name. */
-function appendHook (route: object, name: Hook | 'onResponse', hook: unknown): void {
-  const hooks = route as Record<string, unknown>
-  const existing = hooks[name]
-  hooks[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
+function appendHook (route: { [name in Hook | 'onResponse']?: unknown }, name: Hook | 'onResponse', hook: unknown): void {
+  const existing = route[name]
+  route[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
 }
 
 /**
