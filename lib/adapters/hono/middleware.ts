@@ -116,18 +116,14 @@ const OPTION_CHECKS = { ...POLICY_CHECKS, ...STORE_CHECKS, trustProxy: trustProx
 /**
  * The route a middleware is declared on, as Hono matched it: Hono gives
  * matchedRoutes() without a type for its entries, and routeIndex is the
- * running handler's, always in range; Routes hands the route back as it
- * was given.
+ * running handler's, always in range.
  */
 interface MatchedRoute { method: string, path: string }
 
-const ROUTES: Routes<Context> = {
+const ROUTES: Routes<Context, MatchedRoute> = {
   route: (c) => matchedRoutes(c)[c.req.routeIndex] as MatchedRoute,
   method: (c) => c.req.method,
-  name: (_c, route) => {
-    const { method, path } = route as MatchedRoute
-    return method === 'ALL' ? everyMethod([path]) : routeName(method, path)
-  }
+  name: (_c, { method, path }) => method === 'ALL' ? everyMethod([path]) : routeName(method, path)
 }
 
 /** The status of a request whose client has gone (no client reads it): "client closed request", as proxies log it. */
