@@ -1,5 +1,6 @@
 // The Express entry (`tollgate/express`): the middleware and its public types.
-// The middleware itself is lib/adapters/express/middleware.ts.
+// Express's hooks are lib/adapters/express/middleware.ts, over the middleware
+// adapters' request path (lib/http/middleware.ts).
 export * from './adapters/express/middleware.js'
 export { StoreError } from './core/errors.js'
 export type { Tier } from './http/tiers.js'

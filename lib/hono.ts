@@ -1,5 +1,6 @@
 // The Hono entry (`tollgate/hono`): the middleware and its public types.
-// The middleware itself is lib/adapters/hono/middleware.ts.
+// Hono's hooks are lib/adapters/hono/middleware.ts, over the middleware
+// adapters' request path (lib/http/middleware.ts).
 export * from './adapters/hono/middleware.js'
 export { StoreError } from './core/errors.js'
 export type { Tier } from './http/tiers.js'

@@ -15,7 +15,7 @@ export function checkLimiterOptions (options: Record<string, unknown>): void {
   parseFields(options, LIMITER_CHECKS, '', {}, 'core')
 }
 
-const LIMITER_CHECKS = {
+export const LIMITER_CHECKS = {
   redis: redisClient,
   prefix: keyPrefix,
   keySecret,

@@ -147,6 +147,17 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
   if (!decision.allowed) set(target, 'retry-after', retrySeconds(decision.retryAfterMs))
 }
 
+/**
+ * Per mode, the last header setHeaders writes for an allowed decision: a
+ * response that carries it got them all (`false` writes none).
+ */
+const LAST_HEADER: Readonly<Record<string, string>> = { 'draft-6': 'ratelimit-policy', 'draft-10': 'ratelimit', legacy: 'x-ratelimit-reset' }
+
+/** The last header setHeaders writes in `mode` for an allowed decision; undefined when it writes none. */
+export function lastHeader (mode: HeaderMode): string | undefined {
+  return LAST_HEADER[String(mode)]
+}
+
 function collect (list: Array<[string, HeaderValue]>, name: string, value: HeaderValue): void {
   list.push([name, value])
 }

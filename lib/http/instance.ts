@@ -1,24 +1,18 @@
-// What a middleware adapter's `rateLimit()` instance has whatever the
-// framework (tollgate/express, tollgate/hono): its default logger and the
-// check of a given one, the start-up wait, the error a denied request
-// carries to the app's `handler`, and the programmatic API over its
-// options.
+// What an adapter's instance has whatever the framework: the middleware
+// adapters' default logger, their gate on the start-up wait, the error a
+// denied request carries to the app's `handler`, and the programmatic API
+// over the instance's options (`limit.consume`, Fastify's `app.tollgate`).
 //
 // Start-up. `rateLimit()` cannot be awaited, so the wait the Fastify
 // plugin does at registration (for the client to be ready and the scripts
-// loaded, bounded) starts there, and requests that arrive before it ends
-// wait for it (`startGate`).
+// loaded, bounded: lib/http/setup.ts) starts there, and requests that
+// arrive before it ends wait for it (`startGate`).
 
-import { optionError } from '../core/errors.js'
 import type { Core } from '../core/limiter.js'
 import type { Adapter } from '../core/migrating.js'
-import { isRecord } from '../core/options.js'
 import { programmaticPolicies, type Defaults, type NamedPolicy } from './route.js'
 import { denialBody, type Denial } from './request.js'
-import { notReady, whenReady } from './setup.js'
-import type { Decision, Limiter, Logger, RedisClient, Reservation } from '../core/types.js'
-
-const START_WAIT_MS = 2000
+import type { Decision, Limiter, Logger, Reservation } from '../core/types.js'
 
 /**
  * The default logger: one line per call, as a pino logger writes one JSON
@@ -46,22 +40,6 @@ function errorFields (name: string, err: Error): string {
 /** JSON, which has no text for `undefined` nor a function. */
 function fieldText (value: unknown): string {
   return JSON.stringify(value) ?? String(value)
-}
-
-/** `logger`: a pino-like logger. */
-export function logger (value: unknown, name: string): void {
-  if (!isRecord(value) || typeof value.warn !== 'function' || typeof value.info !== 'function' || typeof value.error !== 'function') {
-    throw optionError(name, value, 'a logger with warn, info and error methods')
-  }
-}
-
-/** The start-up wait: bounded, warns when Redis is not ready by then; never rejects. */
-export async function startUp (core: Core, redis: RedisClient | undefined, log: Logger): Promise<void> {
-  if (redis === undefined) {
-    log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
-  } else if (!await whenReady(core, redis, START_WAIT_MS)) {
-    notReady(core, redis, START_WAIT_MS)
-  }
 }
 
 /** A promise to wait for while the start-up wait lasts; undefined once it is over (the common path costs no promise). */
@@ -100,8 +78,8 @@ export class RateLimitError extends Error {
   }
 }
 
-/** The programmatic API of an instance: `app.tollgate`'s, over its options. */
-export interface Programmatic<P extends NamedPolicy> {
+/** The programmatic API of an instance, over its options (Fastify's `app.tollgate`). */
+export interface ProgrammaticApi<P extends NamedPolicy> {
   consume (clientKey: string, policy: P, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: P): Promise<Decision>
   /** Reserves `cost` (as `consume`); settle the handle once with the actual cost. */
@@ -109,16 +87,20 @@ export interface Programmatic<P extends NamedPolicy> {
   /** Settles a reservation once: refunds or charges the difference to the reserved cost. */
   settle (reservation: Reservation, actual: number): Promise<void>
   reset (clientKey: string, bucket: string): Promise<void>
+  /** The core limiter behind the instance. */
+  readonly limiter: Limiter
+}
+
+/** A middleware instance's programmatic API: with its own shutdown and start-up wait. */
+export interface Programmatic<P extends NamedPolicy> extends ProgrammaticApi<P> {
   /** Drops local state and timers, and ends every wait; never closes the Redis client. */
   close (): Promise<void>
   /** Settles when the start-up wait is over (never rejects). */
   readonly ready: Promise<void>
-  /** The core limiter behind the middleware. */
-  readonly limiter: Limiter
 }
 
-/** The programmatic API over `defaults`; `closing` runs first on close (the adapter's shutdown). */
-export function programmatic<P extends NamedPolicy> (core: Core, defaults: Defaults, adapter: Adapter, ready: Promise<void>, closing: () => void): Programmatic<P> {
+/** The programmatic API over `defaults` (other libraries' names read as `adapter`'s users mean them). */
+export function programmatic<P extends NamedPolicy> (core: Core, defaults: Defaults, adapter: Adapter): ProgrammaticApi<P> {
   const policyOf = programmaticPolicies(defaults, adapter)
   const { limiter } = core
   return {
@@ -127,11 +109,6 @@ export function programmatic<P extends NamedPolicy> (core: Core, defaults: Defau
     reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, policyOf(policy), spend),
     settle: async (reservation, actual) => { await limiter.settle(reservation, actual) },
     reset: async (clientKey, bucket) => { await limiter.reset(clientKey, bucket) },
-    close: async () => {
-      closing()
-      await limiter.close()
-    },
-    ready,
     limiter
   }
 }

@@ -32,9 +32,7 @@
 import { optionError } from '../core/errors.js'
 import { honoHandlerHint } from '../core/migrating.js'
 import { hinted, isFunction, isRecord, type AppFunction } from '../core/options.js'
-import { BAD_INPUT } from './request.js'
 import { POLICY_CHECKS, ROUTE_WIDE, compileRoute, type Defaults, type Dialect, type RouteLimit } from './route.js'
-import type { Logger } from '../core/types.js'
 
 /** Distinct route names one middleware compiles before it refuses (see the top of this file). */
 export const MAX_NAMES = 1000
@@ -45,13 +43,13 @@ export const APP_BUCKET = 'app'
 export type LimitOf<Req> = (request: Req, self: object) => RouteLimit<Req>
 
 /** What a middleware adapter tells the registry about a request's route. */
-export interface Routes<Req> {
+export interface Routes<Req, Route extends object = object> {
   /** The object the framework keeps for the declaration of `self` (its route, or `self` when it is mounted outside a route). */
-  route(request: Req, self: object): object
+  route(request: Req, self: object): Route
   /** The request's method. */
   method(request: Req): string
   /** The declaration's bucket name for this request's method (`GET /users/:id`, everyMethod()); asked once per route and method. */
-  name(request: Req, route: object): string
+  name(request: Req, route: Route): string
 }
 
 /**
@@ -88,7 +86,7 @@ export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
  * policy is registered by bucket (see the top of this file), and handed to
  * `claim` (lib/http/sharing.ts).
  */
-export function registry<Req> (defaults: Defaults, routes: Routes<Req>, dialect: Dialect, claim: (limit: RouteLimit<never>) => void): {
+export function registry<Req, Route extends object> (defaults: Defaults, routes: Routes<Req, Route>, dialect: Dialect, claim: (limit: RouteLimit<never>) => void): {
   compile: (config: unknown) => LimitOf<Req>
   wide: () => LimitOf<Req>
 } {
@@ -187,12 +185,4 @@ export function badInput (message: string): Error {
     statusCode: { value: 500, enumerable: true }
   })
   return err
-}
-
-/** The middleware adapters' `refuse` (lib/http/request.ts): the line through the instance's logger, then the 500 of BAD_INPUT. */
-export function refuser (log: Logger): (request: unknown, message: string) => Error {
-  return (_request, message) => {
-    log.error({ code: BAD_INPUT.code }, message)
-    return badInput(BAD_INPUT.message)
-  }
 }

@@ -1,11 +1,11 @@
 // One request's check, whatever the framework.
 //
-// An adapter (lib/adapters/fastify/plugin.ts for Fastify,
-// lib/adapters/express/middleware.ts for Express) keeps only what its
-// framework needs: where the check runs, how a route is named,
-// how headers are written and how a 429 is sent. The rest is here, so both
-// adapters decide alike and answer byte for byte alike (their start-up is
-// lib/http/setup.ts):
+// An adapter (lib/adapters/*) keeps only what its framework needs: where
+// the check runs, how a route is named, how headers are written and how a
+// 429 is sent. The rest is here, so every adapter decides alike and answers
+// byte for byte alike (the instance around it, its identity and start-up,
+// is lib/http/kit.ts; the middleware adapters' request path,
+// lib/http/middleware.ts):
 //
 //   compile  compileRoute (lib/http/route.ts), once per route;
 //   decide   RequestLayer.decide: allow -> client key -> the client's plan
@@ -23,7 +23,7 @@
 // synchronous `key` costs no promise.
 
 import { preview, thrownPreview } from '../core/errors.js'
-import { retrySeconds, setHeaders, type HeaderSink } from './headers.js'
+import { lastHeader, retrySeconds, setHeaders, type HeaderSink } from './headers.js'
 import { ipIdentity } from '../core/keys.js'
 import type { Core } from '../core/limiter.js'
 import { checkCost, costBound } from '../core/policy.js'
@@ -203,6 +203,11 @@ export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, targ
   }
   setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
   return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs))
+}
+
+/** The last header answer() wrote for a decision that passed: a response that carries it got them all; undefined when none was written. */
+export function lastShown<Req> ({ limit, decision }: Decided<Req>): string | undefined {
+  return decision.source === 'fail-open' ? undefined : lastHeader(limit.headers)
 }
 
 function denial (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number): Denial {

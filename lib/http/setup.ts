@@ -3,31 +3,33 @@
 // (so the first requests are decided by Redis, or the store is marked
 // failing with one warning naming where it connects), and the probe of a
 // framework's proxy trust behind the proxy warnings.
+//
+// The Fastify plugin awaits the start-up wait at registration; a
+// middleware's `rateLimit()` cannot be awaited, so its wait starts there
+// and requests that arrive before it ends wait for it (lib/http/instance.ts,
+// `startGate`).
 
 import { StoreError } from '../store/errors.js'
 import type { RedisClient, StoreClient } from '../store/client.js'
 import { storeClient } from '../store/clients/index.js'
 import { createCore, type Core } from '../core/limiter.js'
-import {
-  DEFAULT_PREFIX, batch, breaker, denialCache, ipv6Subnet, keyPrefix, keySecret, metricsOption, outageSummaryMs, positiveInteger, redisClient
-} from '../core/options.js'
+import { DEFAULT_PREFIX, ipv6Subnet } from '../core/options.js'
+import { LIMITER_CHECKS } from '../core/policy.js'
 import type { LimiterOptions, Logger } from '../core/types.js'
 
-type Check = (value: unknown, name: string) => void
+/** How long the start-up waits for the client and the scripts, ms. */
+const START_WAIT_MS = 2000
 
-/** Options of the store, set once per adapter instance. */
-export const STORE_CHECKS: Record<string, Check> = {
-  redis: redisClient,
-  prefix: keyPrefix,
-  keySecret,
-  ipv6Subnet,
-  breaker,
-  denialCache,
-  batch,
-  metrics: metricsOption,
-  maxWaiters: positiveInteger,
-  outageSummaryMs
-}
+/**
+ * Options of the store, set once per adapter instance: the limiter's own
+ * (lib/core/policy.ts) but for `timeout`, which is a policy's, and
+ * `logger`, which only a middleware adapter takes; and the client identity's.
+ */
+const { timeout: _policyOwn, logger: _middlewareOwn, ...limiterChecks } = LIMITER_CHECKS
+export const STORE_CHECKS = { ...limiterChecks, ipv6Subnet }
+
+/** The logger check of a middleware adapter's `logger` option. */
+export const LOGGER_CHECK = LIMITER_CHECKS.logger
 
 /** An adapter's core, from its store options (checked with STORE_CHECKS) and its logger. */
 export function adapterCore (options: LimiterOptions, logger: Logger): Core {
@@ -46,6 +48,16 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
   })
 }
 
+/** The start-up wait: bounded, warns when Redis is not ready by then, or that there is no `redis`; never rejects. */
+export async function startUp (core: Core, client: RedisClient | undefined, log: Logger): Promise<void> {
+  if (client === undefined) {
+    log.warn({}, 'tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
+    return
+  }
+  const redis = storeClient(client)
+  if (!await whenReady(core, redis, START_WAIT_MS)) notReady(core, redis, START_WAIT_MS)
+}
+
 /**
  * Waits, up to `ms`, for the client to be connected, then, within the same
  * budget, for the scripts to be loaded on every master, so that the first
@@ -53,9 +65,8 @@ export function adapterCore (options: LimiterOptions, logger: Logger): Core {
  * asked to connect, since the limiter sends nothing to a client that is not
  * connected. True when the client is ready; never rejects.
  */
-export async function whenReady (core: Core, client: RedisClient, ms: number): Promise<boolean> {
+async function whenReady (core: Core, redis: StoreClient, ms: number): Promise<boolean> {
   const started = performance.now()
-  const redis = storeClient(client)
   await waitReady(redis, ms)
   if (redis.status !== 'ready') return false
   await within(core.warm(), ms - (performance.now() - started))
@@ -67,8 +78,7 @@ export async function whenReady (core: Core, client: RedisClient, ms: number): P
  * failing from the start (`limiter.state`, the metrics, the summaries while
  * it stays so), with one warning naming where the client connects.
  */
-export function notReady (core: Core, client: RedisClient, ms: number): void {
-  const redis = storeClient(client)
+function notReady (core: Core, redis: StoreClient, ms: number): void {
   const target = redis.target
   const err = new StoreError('TOLLGATE_STORE_DOWN', `Redis at ${target} is not ready after ${ms} ms (status ${redis.status})`)
   core.down(err, `tollgate: Redis at ${target} is not ready after ${ms} ms; limits follow their failure modes until it connects (attach an 'error' listener to the client to see why)`)

@@ -19,9 +19,9 @@ import { METHODS } from 'node:http'
 import type { Request } from 'express'
 import type { RoutePatterns } from './routes.js'
 import { routeName, type Defaults, type RouteLimit } from '../../http/route.js'
-import { APP_BUCKET, MAX_NAMES, badInput, everyMethod, middlewareDialect, refuser, registry as limits, type LimitOf as Of, type Routes } from '../../http/registry.js'
+import { APP_BUCKET, MAX_NAMES, everyMethod, middlewareDialect, registry as limits, type LimitOf as Of, type Routes } from '../../http/registry.js'
 
-export { APP_BUCKET, MAX_NAMES, badInput, refuser }
+export { APP_BUCKET, MAX_NAMES }
 
 /** How a request finds its compiled limit. */
 export type LimitOf = Of<Request>

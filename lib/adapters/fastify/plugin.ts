@@ -30,19 +30,14 @@ import fp from 'fastify-plugin'
 import { optionError } from '../../core/errors.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './errors.js'
-import {
-  HOOKS, parseFields, isBoolean, isRecord, oneOf, outageSummaryMs, warningOn, warnings
-} from '../../core/options.js'
-import { BAD_INPUT, NO_ADDRESS, RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
-import { PROBE_HOPS, STORE_CHECKS, adapterCore, notReady, trustsEveryHop, whenReady } from '../../http/setup.js'
-import {
-  BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, checkDefaults, compileRoute, programmaticPolicies, routeName, routeWide,
-  type Defaults, type Dialect, type NamedPolicy, type RouteLimit
-} from '../../http/route.js'
-import { badInput } from '../../http/registry.js'
+import { HOOKS, isBoolean, isRecord, oneOf, outageSummaryMs, warnings } from '../../core/options.js'
+import { RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
+import { PROBE_HOPS, STORE_CHECKS, trustsEveryHop } from '../../http/setup.js'
+import { BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, routeWide, type Defaults, type Dialect, type RouteLimit } from '../../http/route.js'
+import { programmatic } from '../../http/instance.js'
+import { parseOptions, requestLayer, startInstance, type Identity } from '../../http/kit.js'
 import { RESERVATION, takeReservation } from '../../http/settle-route.js'
-import type { TollgateDecorator, TollgateOptions } from './types.js'
-import type { Limiter, Policy } from '../../core/types.js'
+import type { ProgrammaticPolicy, TollgateDecorator, TollgateOptions } from './types.js'
 
 const kChecked = Symbol('tollgate.checked')
 /** A check's outcome: it sent the reply itself (the 503 of an outage). */
@@ -51,7 +46,6 @@ const SENT = Symbol('tollgate.sent')
 const kSeen = Symbol('tollgate.seen')
 /** On a request: the limit the gate found for a route whose check runs at preHandler. */
 const kPending = Symbol('tollgate.pending')
-const START_WAIT_MS = 2000
 /** The bucket of 404s, unless the policy names one. */
 const NOT_FOUND = '404'
 
@@ -103,51 +97,24 @@ type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply, done: 
 type LimitOf = (method: string | string[], url: string, config: unknown) => FastifyLimit | null
 type SettleWhenSent = (request: FastifyRequest, reply: FastifyReply) => void
 type GateRequest = FastifyRequest & { [kPending]?: FastifyLimit }
-/**
- * A route's config as Fastify keeps it, which it types per app: its own
- * fields, with `url` and `method` always set on the config of a registered
- * route, and this plugin's `rateLimit`. The casts of this file read it so,
- * and take what a throwing limitOf throws as the Error the gate replies.
- */
-type RouteConfig = Record<PropertyKey, unknown> & { url?: string, method?: string | string[], rateLimit?: unknown }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
   if (app.hasDecorator('tollgate')) throw alreadyRegistered()
-  const input: unknown = options
-  if (!isRecord(input)) throw optionError('options', input, 'an object')
-  const defaults: Defaults = parseFields(input, PLUGIN_CHECKS, '', { failureMode: "one of 'open', 'closed', 'local' (there is no default: choose per limit)" }, 'fastify')
-  checkDefaults(defaults, '')
-
-  const core = adapterCore(options, app.log)
-  const { limiter } = core
+  const defaults = parseOptions(options, PLUGIN_CHECKS, 'fastify')
+  const { core, ready } = startInstance(options, app.log)
   const global = options.global ?? true
+  await ready
 
-  if (options.redis === undefined) {
-    app.log.warn('tollgate: no `redis` given, limits are kept in this process only; with several app servers each one counts on its own')
-  } else if (!await whenReady(core, options.redis, START_WAIT_MS)) {
-    notReady(core, options.redis, START_WAIT_MS)
-  }
-  const onIp = proxyWarnings(app, warningOn(options.warnings, 'proxy'), warningOn(options.warnings, 'trustProxy'))
-
-  decorate(app, limiter, programmaticPolicies(defaults, 'fastify'))
-  const layer = new RequestLayer<FastifyRequest>(core, options.ipv6Subnet ?? 56, {
-    ip: (request) => request.ip,
-    onAddress: onIp,
-    noAddress: () => app.log.warn(`tollgate: a request came with no client address (as on a Unix socket): such requests share the client identity "${NO_ADDRESS}", one bucket for all of them. Behind a proxy, set Fastify's \`trustProxy\` so that request.ip is the client's address; otherwise give a \`key\` function`),
-    badInput: (route, detail) => badInput(`Rate limit of ${route}: ${detail}`),
-    refuse: (request, message) => {
-      request.log.error({ code: BAD_INPUT.code }, message)
-      return new BadRequestInputError()
-    },
-    settleFailed: (request, err) => { request.log.error({ err }, 'tollgate: settle failed; the reservation stands') }
-  })
+  decorate(app, programmatic<ProgrammaticPolicy>(core, defaults, 'fastify'))
+  const layer = requestLayer(core, options, app.log, IDENTITY)
   const check = checker(layer, options.unavailable === 'throw')
   const settling = settlement(layer)
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
   app.addHook('onRoute', (route) => {
-    const config = (route.config as RouteConfig | undefined)?.rateLimit
+    const config = route.config?.rateLimit
+    // The config with this plugin's mark, at the type Fastify gives the app's route configs.
     route.config = { ...route.config, [kSeen]: true } as typeof route.config
     const limit = limitOf(route.method, route.url, config)
     if (limit === null) return
@@ -166,24 +133,42 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     done()
   })
   app.addHook('onClose', async () => {
-    await limiter.close()
+    await core.limiter.close()
   })
 }
 
 /** `app.tollgate` and the request decorations. */
-function decorate (app: FastifyInstance, limiter: Limiter, programmatic: (policy: NamedPolicy) => Policy): void {
-  const decorator: TollgateDecorator = {
-    consume: async (clientKey, policy, spend) => await limiter.consume(clientKey, programmatic(policy), spend),
-    peek: async (clientKey, policy) => await limiter.peek(clientKey, programmatic(policy)),
-    reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, programmatic(policy), spend),
-    settle: (reservation, actual) => limiter.settle(reservation, actual),
-    reset: (clientKey, bucket) => limiter.reset(clientKey, bucket),
-    limiter
-  }
+function decorate (app: FastifyInstance, decorator: TollgateDecorator): void {
   app.decorate('tollgate', decorator)
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
   app.decorateRequest(RESERVATION, undefined)
+}
+
+/**
+ * Fastify's request identity and its words for the warnings. Fastify
+ * defines `request.ips` only when it trusts proxies; it does not expose
+ * its trustProxy setting, so the first request's `ips` getter is asked
+ * about a made-up chain (lib/http/setup.ts, trustsEveryHop).
+ */
+const IDENTITY: Identity<FastifyRequest> = {
+  ip: (request) => request.ip,
+  logOf: (request) => request.log,
+  refused: () => new BadRequestInputError(),
+  noAddress: { where: 'as on a Unix socket', behindProxy: "set Fastify's `trustProxy` so that request.ip is the client's address" },
+  proxy: {
+    trustsNone: (request) => request.ips === undefined,
+    header: (request, name) => request.headers[name],
+    untrusted: (header) => `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`,
+    everyHop: {
+      trusts: (request) => trustsEveryHop((raw) => {
+        const ips: unknown = Reflect.get(request, 'ips', { raw })
+        return Array.isArray(ips) && ips.length === PROBE_HOPS.length + 1
+      }),
+      warning: `tollgate: Fastify's \`trustProxy\` trusts every address at every hop (\`trustProxy: true\`), so request.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies' addresses (\`trustProxy: '127.0.0.1'\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`
+    },
+    showsIp: true
+  }
 }
 
 /**
@@ -218,13 +203,14 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
   const late = new WeakMap<object, FastifyLimit | null | Error>()
   function unseen (request: FastifyRequest): FastifyLimit | null {
     if (request.is404) return notFound
-    const config = request.routeOptions.config as RouteConfig
-    if (config[kSeen] === true) return null
+    const config = request.routeOptions.config
+    if (Reflect.get(config, kSeen) === true) return null
     let limit = late.get(config)
     if (limit === undefined) {
       try {
-        limit = limitOf(config.method as string | string[], config.url as string, config.rateLimit)
+        limit = limitOf(config.method, config.url, config.rateLimit)
       } catch (err) {
+        // What limitOf throws: the option error the gate replies with.
         limit = err as Error
       }
       late.set(config, limit)
@@ -300,10 +286,9 @@ function notFoundOption (value: unknown, name: string): void {
 }
 
 /** Adds `hook` after the route's own hooks of that name. */
-function appendHook (route: object, name: Hook | 'onResponse', hook: unknown): void {
-  const hooks = route as Record<string, unknown>
-  const existing = hooks[name]
-  hooks[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
+function appendHook (route: { [name in Hook | 'onResponse']?: unknown }, name: Hook | 'onResponse', hook: unknown): void {
+  const existing = route[name]
+  route[name] = existing === undefined ? [hook] : [...(Array.isArray(existing) ? existing : [existing]), hook]
 }
 
 /**
@@ -360,39 +345,6 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
 
 function sendUnavailable (reply: FastifyReply, denial: Denial): void {
   reply.code(denial.statusCode).type('application/json; charset=utf-8').send(denialBody(denial))
-}
-
-/**
- * The proxy warnings, each once per plugin instance, then free; undefined
- * when both are off.
- *
- * - `proxy`: without trustProxy, request.ip is the proxy's address: behind
- *   a proxy every client would share one bucket. Fastify defines
- *   `request.ips` only when it trusts proxies, so a forwarding header
- *   without it is the sign.
- * - `trustProxy`: a trustProxy that trusts every address at every hop
- *   (`true`) makes request.ip the leftmost X-Forwarded-For entry, which any
- *   client writes: a client that rotates it gets a fresh bucket per
- *   request. Fastify does not expose the setting, so the first request's
- *   `ips` getter is asked about a made-up chain (trustsEveryHop).
- */
-function proxyWarnings (app: FastifyInstance, proxy: boolean, trustAll: boolean): ((request: FastifyRequest) => void) | undefined {
-  if (!proxy && !trustAll) return undefined
-  let forwarding = proxy
-  let trusting = trustAll
-  return (request) => {
-    if (trusting) {
-      trusting = false
-      if (trustsEveryHop((raw) => (Reflect.get(request, 'ips', { raw }) as string[] | undefined)?.length === PROBE_HOPS.length + 1)) {
-        app.log.warn({ ip: request.ip }, `tollgate: Fastify's \`trustProxy\` trusts every address at every hop (\`trustProxy: true\`), so request.ip is whatever a client writes first in X-Forwarded-For, and a client that changes it gets a fresh bucket on every request; trust only your proxies' addresses (\`trustProxy: '127.0.0.1'\`, see "Behind a proxy" in tollgate's README), or give a \`key\` function (\`warnings: { trustProxy: false }\` silences this)`)
-      }
-    }
-    if (!forwarding || request.ips !== undefined) return
-    const header = request.headers['x-forwarded-for'] !== undefined ? 'X-Forwarded-For' : request.headers.forwarded !== undefined ? 'Forwarded' : undefined
-    if (header === undefined) return
-    forwarding = false
-    app.log.warn({ header, ip: request.ip }, `tollgate: a request carries ${header} but Fastify does not trust proxies, so every client behind the proxy shares the proxy's bucket; set Fastify's \`trustProxy\` option, or a \`key\` function (\`warnings: { proxy: false }\` silences this)`)
-  }
 }
 
 function alreadyRegistered (): Error {
