@@ -8,8 +8,15 @@
 //
 // Registered in-thread (module.registerHooks), so no loader thread is started
 // per process; processes forked with `process.execArgv` inherit it.
+//
+// Without coverage (tap's --disable-coverage, which the unit tier uses), the
+// process also keeps V8's compiled code of every module it loads in Node's
+// compile cache (under the OS temp dir): tap and its plugins load hundreds of
+// modules per test file, about a quarter of the unit tier's time. Not with
+// coverage: code from the cache changed the branch counts tap reported for
+// the same test, and the 100% gate must not depend on what ran before.
 import { existsSync } from 'node:fs'
-import { registerHooks } from 'node:module'
+import { enableCompileCache, registerHooks } from 'node:module'
 
 const relative = /^\.\.?\//
 
@@ -25,3 +32,5 @@ registerHooks({
     return nextResolve(specifier, context)
   }
 })
+
+if (process.env._TAPJS_PROCESSINFO_COVERAGE_ === '0') enableCompileCache()
