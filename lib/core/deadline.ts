@@ -127,16 +127,20 @@ interface Queue {
 }
 
 class Entry implements Deadline {
+  readonly startedAt: number
+  readonly ms: number
+  /** The FIFO holding the entry; undefined once expired (then it waits in `due`). */
+  queue: Queue | undefined
+  /** Undefined once settled or expired. */
+  expire: ((err: StoreError) => void) | undefined
   prev: Entry | undefined = undefined
   next: Entry | undefined = undefined
-  constructor (
-    readonly startedAt: number,
-    readonly ms: number,
-    /** The FIFO holding the entry; undefined once expired (then it waits in `due`). */
-    public queue: Queue | undefined,
-    /** Undefined once settled or expired. */
-    public expire: ((err: StoreError) => void) | undefined
-  ) {}
+  constructor (startedAt: number, ms: number, queue: Queue | undefined, expire: ((err: StoreError) => void) | undefined) {
+    this.startedAt = startedAt
+    this.ms = ms
+    this.queue = queue
+    this.expire = expire
+  }
 }
 
 function unlink (entry: Entry, queue: Queue): void {

@@ -131,11 +131,13 @@ async function redisCliCreate (nodes: RedisServer[], replicas: number): Promise<
 }
 
 class LocalCluster implements RedisCluster {
+  readonly nodes: RedisServer[]
   readonly startupNodes: Array<{ host: string, port: number }>
   readonly #clients = new Set<Cluster>()
   #stopping: Promise<void> | undefined
 
-  constructor (readonly nodes: RedisServer[]) {
+  constructor (nodes: RedisServer[]) {
+    this.nodes = nodes
     this.startupNodes = nodes.map(n => ({ host: n.host, port: n.port }))
   }
 

@@ -322,8 +322,10 @@ async function within (promise: Promise<unknown>, ms: number): Promise<boolean> 
 
 class StartError extends Error {
   override name = 'RedisServerStartError'
-  constructor (message: string, readonly addressInUse: boolean) {
+  readonly addressInUse: boolean
+  constructor (message: string, addressInUse: boolean) {
     super(message)
+    this.addressInUse = addressInUse
   }
 }
 
@@ -333,12 +335,17 @@ class LocalRedisServer implements RedisServer {
   #paused = false
   #stopping: Promise<void> | undefined
 
-  constructor (
-    readonly port: number,
-    readonly dir: string,
-    private readonly bin: string,
-    private readonly extraArgs: string[]
-  ) {}
+  readonly port: number
+  readonly dir: string
+  private readonly bin: string
+  private readonly extraArgs: string[]
+
+  constructor (port: number, dir: string, bin: string, extraArgs: string[]) {
+    this.port = port
+    this.dir = dir
+    this.bin = bin
+    this.extraArgs = extraArgs
+  }
 
   get url (): string { return `redis://${HOST}:${this.port}` }
   get pid (): number { return this.#proc?.pid ?? -1 }

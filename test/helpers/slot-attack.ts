@@ -2,7 +2,7 @@
 // this code would craft them (test/slot-spread.test.ts). Crafting is a
 // brute-force search (seconds of CPU), so the ids are kept in
 // test/fixtures/slot-attack.json; regenerate it with
-// `node --import=./node_modules/@tapjs/typescript/dist/esm/import.mjs test/helpers/slot-attack.ts > test/fixtures/slot-attack.json`.
+// `node --import=./test/helpers/ts-sources.mjs test/helpers/slot-attack.ts > test/fixtures/slot-attack.json`.
 
 import { clientId, hashTag } from '../../lib/core/keys.js'
 import { slotOf } from './slot.js'
