@@ -24,7 +24,7 @@
 
 import { commandRefused, refusalFix, scriptsRefused, type StoreError } from '../store/errors.js'
 import { messageOf } from './errors.js'
-import { realTime, type Time, type TimerHandle } from './clock.js'
+import type { Time, TimerHandle } from './clock.js'
 import type { FallbackCounts, Logger } from './types.js'
 
 type Source = keyof FallbackCounts
@@ -42,8 +42,8 @@ function total (counts: FallbackCounts): number {
 
 export interface OutageOptions {
   logger: Logger | undefined
-  /** The clock of the outage's lengths and the summary's timer (default: the process's). */
-  time?: Time | undefined
+  /** The clock of the outage's lengths and the summary's timer (the guard's). */
+  time: Time
   /** Period of the summary line, ms (default DEFAULT_SUMMARY_MS). */
   summaryMs?: number | undefined
   /** The store's address, for the failing and summary lines (never a password). */
@@ -68,7 +68,7 @@ export class OutageLog {
 
   constructor (options: OutageOptions) {
     this.#logger = options.logger
-    this.#time = options.time ?? realTime
+    this.#time = options.time
     this.#summaryMs = options.summaryMs ?? DEFAULT_SUMMARY_MS
     this.#target = options.target === undefined ? {} : { redis: options.target }
   }

@@ -18,8 +18,11 @@ import type { BreakerOptions, FailureMode, LimiterOptions, Logger, MetricsOption
 /**
  * The fields of a policy that the programmatic API takes as well as a
  * route: the core's (lib/core/types.ts), each optional over the instance's.
+ * Every field of the core's Policy but those restated here (and the
+ * bucket and cost, which a route names and prices its own way), so a new
+ * field of the core's is an option of every adapter with no edit here.
  */
-export interface CorePolicyFields extends Partial<Pick<Policy, 'local' | 'timeout' | 'lease' | 'shadow' | 'lockout' | 'maxWaitMs'>> {
+export interface CorePolicyFields extends Partial<Omit<Policy, 'bucket' | 'cost' | 'capacity' | 'refillPerSecond' | 'failureMode'>> {
   /** Largest burst, in tokens. */
   capacity?: number | undefined
   /** Tokens added per second. */
