@@ -319,9 +319,7 @@ function routeHook (limit: FastifyLimit, check: Check) {
   }
 }
 
-function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void {
-  reply.header(name, value)
-}
+const setHeader = (reply: FastifyReply, name: string, value: HeaderValue): void => { reply.header(name, value) }
 
 /**
  * The check: once per request, the layer's decision, headers, then the 429
