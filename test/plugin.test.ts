@@ -1,9 +1,13 @@
 // The Fastify plugin end to end: which routes are limited, how route config
 // merges over the plugin's, multi-policy routes, hooks, the decorators, the
-// 429/503 through Fastify's error pipeline, the user's Redis client, and the
-// failure modes with an unreachable or frozen Redis.
+// 429/503 through Fastify's error pipeline, the user's Redis client, a
+// client that goes away before its answer, and the failure modes with an
+// unreachable or frozen Redis.
 
 import { once } from 'node:events'
+import { request as httpRequest } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import Fastify, { type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
@@ -434,6 +438,48 @@ t.test('Redis stopped after start-up: open passes, closed is a 503', async (t) =
   t.match(closed.json(), { code: 'TOLLGATE_UNAVAILABLE', message: 'Rate limiter unavailable, retry in 1 second(s)' })
   t.equal(closed.headers['retry-after'], '1')
   t.notOk('ratelimit-remaining' in closed.headers)
+})
+
+/** Sends `GET path` and disconnects after `ms`, before any answer. */
+async function goneAfter (port: number, path: string, ms: number): Promise<void> {
+  const req = httpRequest({ host: IP, port, path, agent: false })
+  req.on('error', () => {})
+  req.end()
+  await sleep(ms)
+  req.destroy()
+}
+
+t.test('a client gone before its answer: dropped, no handler, nothing logged', async (t) => {
+  const logs = captureLogs()
+  const handled: string[] = []
+  const settled: string[] = []
+  const { app } = await buildApp(t, {
+    fastify: { logger: { level: 'info', stream: logs.stream } },
+    plugin: { capacity: 1, refillPerSecond: 2, key: () => 'one', failureMode: 'open' },
+    routes: (app) => {
+      const handler = async (request: FastifyRequest): Promise<string> => { handled.push(request.url); return 'served' }
+      // The token of the first request, then a wait of about 500 ms for the next (2/s).
+      app.get('/wait/:who', { config: { rateLimit: { bucket: 'wait', maxWaitMs: 2000 } } }, handler)
+      // A slow `key`: the client is gone by the time the reservation is made.
+      const slowKey = async (): Promise<string> => { await sleep(150); return 'one' }
+      app.get('/settled', { config: { rateLimit: { bucket: 'settled', key: slowKey, settle: (request) => { settled.push(request.url); return 1 } } } }, handler)
+      // The route's own hook holds the request until its client has gone, so tollgate's check comes after.
+      app.get('/held', { onRequest: (_request, reply, done) => { reply.raw.once('close', () => { done() }) }, config: { rateLimit: { bucket: 'held', refillPerSecond: 0.001 } } }, handler)
+    }
+  })
+  await app.listen({ host: IP, port: 0 })
+  const { port } = app.server.address() as AddressInfo
+  t.equal((await app.inject('/wait/first')).statusCode, 200, 'the bucket is empty now')
+  await goneAfter(port, '/wait/gone', 50)
+  await goneAfter(port, '/settled', 50)
+  for (let i = 0; i < 300 && settled.length < 1; i++) await sleep(10)
+  t.same(settled, ['/settled'], 'the reservation of a request gone before its decision arrived settled')
+  await goneAfter(port, '/held', 50)
+  // Past the end of the gone request's wait.
+  await sleep(600)
+  t.same(handled, ['/wait/first'], 'no handler ran for a gone client')
+  t.equal((await app.tollgate.peek('one', { bucket: 'held', refillPerSecond: 0.001 })).remaining, 1, 'a request gone before its check spent nothing')
+  t.same(logs.lines.filter((l) => Number(l.level) >= 40), [], 'and nothing was logged as a warning or an error')
 })
 
 t.test('a frozen Redis does not hold a request past the deadline', async (t) => {

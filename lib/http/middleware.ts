@@ -137,8 +137,7 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
   closing: () => void
 } {
   const starting = startGate(ready)
-  let closing = false
-  const isClosing = (): boolean => closing
+  const isClosing = (): boolean => layer.closing
   function middleware (limitOf: LimitOf<Req>, handle?: object): Middleware<Args> {
     return hooks.wrap((ctx, next, self) => {
       const waiting = starting()
@@ -166,9 +165,7 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
       settle?.()
       return hooks.drop(ctx)
     }
-    // Shutting down: the connection is not kept alive after this answer, or
-    // server.close() would wait for the client to drop it.
-    if (closing) hooks.setHeader(ctx, 'connection', 'close')
+    layer.closeConnection(ctx, hooks.setHeader)
     if (decided === undefined) return hooks.pass(ctx, next, settle, undefined, isClosing)
     const { decision } = decided
     hooks.show(ctx, decision)
@@ -183,7 +180,7 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
   function settleWhenFinished (pending: Pending, ctx: Ctx): void {
     hooks.onFinish(ctx, () => { void layer.settle(pending, hooks.request(ctx), hooks.response(ctx)) })
   }
-  return { middleware, closing: () => { closing = true } }
+  return { middleware, closing: () => { layer.close() } }
 }
 
 /** `limit`: `limit(policy?)` makes a middleware; the framework's call of `limit` itself is `limit()` (see the top of this file). */

@@ -16,7 +16,12 @@
 //            with the reservation the request holds (lib/http/settle-route.ts);
 //   answer   answer(): the headers, written through the adapter's sink, and
 //            the denial (429, or 503 when a closed limit cannot reach Redis)
-//            as data; denialBody() is its JSON body.
+//            as data; denialBody() is its JSON body;
+//   close    RequestLayer.close, at the instance's shutdown: from then on
+//            every answer says `Connection: close` (closeConnection), since
+//            Node's server.close() waits for the keep-alive connections
+//            that were busy when it was called until they go idle for the
+//            server's keepAliveTimeout or their client drops them.
 //
 // The functions of the app (`key`, `cost`, `allow`) get the framework's own
 // request object; a synchronous result is used as it is, so the common
@@ -89,6 +94,7 @@ export class RequestLayer<Req extends object> {
   readonly #subnet: number
   readonly #side: RequestSide<Req>
   #warned = false
+  #closing = false
 
   constructor (core: Core, subnet: number, side: RequestSide<Req>) {
     this.#core = core
@@ -138,6 +144,21 @@ export class RequestLayer<Req extends object> {
       ? await this.#core.decide(client, limit.policies, costs, true)
       : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name)
     return { limit, decision }
+  }
+
+  /** Whether the instance shuts down (close): its answers say `Connection: close`. */
+  get closing (): boolean {
+    return this.#closing
+  }
+
+  /** The instance shuts down: every answer from now on says `Connection: close` (see the top of this file). */
+  close (): void {
+    this.#closing = true
+  }
+
+  /** Writes `Connection: close` on an answer through `set` once the instance shuts down. */
+  closeConnection<T> (target: T, set: HeaderSink<T>): void {
+    if (this.#closing) set(target, 'connection', 'close')
   }
 
   /** Settles a reservation the request held (takeReservation), after its response; never throws. */

@@ -8,8 +8,7 @@
 // every framework, offers the programmatic API, and knows how the app
 // shuts down. What differs between frameworks, and that a test has to
 // know, is data on the row (`decisionAt`, `defaultLog`, `startupWait`,
-// `shutdowns`, `late`, and the known differences `goneClientHandled` and
-// `shutdownConnection`), never a test's `if` on the row's name. A new
+// `shutdowns`, `late`), never a test's `if` on the row's name. A new
 // framework is one more row.
 
 import { once } from 'node:events'
@@ -107,19 +106,6 @@ export interface AdapterRow {
    * (test/helpers/late.ts).
    */
   late: { child: string, env: Record<string, string> }
-  /**
-   * Whether the handler of a request whose client disconnected while it
-   * waited for its tokens still runs once the wait ends (a known difference
-   * of the Fastify plugin; the middleware adapters drop such a request).
-   */
-  goneClientHandled: boolean
-  /**
-   * The Connection header of the answers given to waiting requests at
-   * shutdown: 'close' lets the server's close() complete at once;
-   * 'keep-alive' (a known difference of the Fastify plugin) holds it until
-   * the client drops the idle connection (Node's agent: after 5 s).
-   */
-  shutdownConnection: 'close' | 'keep-alive'
   start (t: Test, spec: AppSpec): Promise<RunningApp>
 }
 
@@ -182,9 +168,7 @@ function middlewareShutdown (server: Server, closeLimit: () => Promise<void>) {
 const MIDDLEWARE = {
   defaultLog: 'console',
   startupWait: 'first request',
-  shutdowns: ['server.close()', 'limit.close()'],
-  goneClientHandled: false,
-  shutdownConnection: 'close'
+  shutdowns: ['server.close()', 'limit.close()']
 } as const
 
 /** Starts a middleware adapter's app: `make` builds the limiter with the given logger, `serve` the app's (unstarted or listening) server. */
@@ -255,8 +239,6 @@ const fastifyRow: AdapterRow = {
   startupWait: 'app start',
   shutdowns: ['app.close()'],
   late: { child: 'fastify-late.ts', env: {} },
-  goneClientHandled: true,
-  shutdownConnection: 'keep-alive',
   async start (t, spec) {
     // The plugin logs through the app's logger (pino); Fastify's per-request lines are off.
     const logs = captureLogs()

@@ -20,6 +20,21 @@
 // the raw URL, so unknown URLs cannot create keys), with the `notFound`
 // policy; by default, with `global: true`, the plugin's own.
 //
+// A client gone. A request whose client disconnected while it waited in
+// tollgate (the store, `maxWaitMs`) is dropped when tollgate gets to it or
+// when its decision arrives, as on Express and Hono: the reply is
+// hijacked, so Fastify runs no further hook and no handler, and sends
+// nothing (no client would read it). Tokens it spent stay spent; a
+// reservation is settled at once, since its response never finishes (no
+// onResponse hook runs for it). The raw response tells: Node destroys it
+// with its connection.
+//
+// Shutdown. preClose ends the waits, and from then on every answer
+// tollgate gives (denials, and the headers of passed requests) says
+// `Connection: close`: server.close() waits for the keep-alive
+// connections that were busy when it was called until their client drops
+// them, and Fastify keeps an idle one for 72 s (its keepAliveTimeout).
+//
 // A request without a client address (`request.ip` is undefined on a Unix
 // socket) is keyed as one shared client, 'no-address', never a 500; a
 // warning says so once. A key per connection would give a client a fresh
@@ -127,8 +142,10 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
   // hooks, and a request waiting for its tokens (`maxWaitMs`) is in flight:
   // ending the waits in preClose, before the server closes, answers them
   // (denied) at once, instead of holding app.close() as long as the longest
-  // wait. Decisions go on until onClose; they just do not wait any more.
+  // wait. Decisions go on until onClose; they just do not wait any more,
+  // and their answers close their connections (see the top of this file).
   app.addHook('preClose', (done) => {
+    layer.close()
     core.endWaits()
     done()
   })
@@ -302,9 +319,7 @@ function routeHook (limit: FastifyLimit, check: Check) {
   }
 }
 
-function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void {
-  reply.header(name, value)
-}
+const setHeader = (reply: FastifyReply, name: string, value: HeaderValue): void => { reply.header(name, value) }
 
 /**
  * The check: once per request, the layer's decision, headers, then the 429
@@ -316,8 +331,17 @@ function setHeader (reply: FastifyReply, name: string, value: HeaderValue): void
  * reply is the body that handler would send, byte for byte.
  */
 function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean): Check {
-  /** What a decision makes of the request: undefined to go on, SENT when answered here, else the error to answer with. */
+  /** Drops a request whose client has gone (see the top of this file); SENT: Fastify goes no further with it. */
+  function drop (request: FastifyRequest, reply: FastifyReply): typeof SENT {
+    reply.hijack()
+    const pending = takeReservation(request)
+    if (pending !== undefined) void layer.settle(pending, request, reply)
+    return SENT
+  }
+  /** What a decision makes of the request: undefined to go on, SENT when answered or dropped here, else the error to answer with. */
   function conclude (decided: Decided<FastifyRequest> | undefined, request: Checked, reply: FastifyReply): Error | typeof SENT | undefined {
+    if (reply.raw.destroyed) return drop(request, reply)
+    layer.closeConnection(reply, setHeader)
     if (decided === undefined) return undefined
     const { decision } = decided
     request.rateLimit = decision
@@ -331,6 +355,10 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
   return function check (limit, request, reply, done) {
     if (request[kChecked] === true) return done()
     request[kChecked] = true
+    if (reply.raw.destroyed) {
+      drop(request, reply)
+      return done()
+    }
     // A failure of the decision or of its conclusion goes to `done`; what
     // Fastify runs after the hook is not taken for one.
     layer.decide(limit, request).then((decided) => conclude(decided, request, reply)).then((outcome) => {
