@@ -247,4 +247,10 @@ t.test('RoutePatterns, without requests: the paths Express 4 keeps only as regex
   const layer = { regexp: /^\/odd\/?(?=\/|$)/i, keys: [], handle: odd, constructor: class { constructor () { throw new Error('no') } } }
   const fake = Object.assign(() => {}, { set: () => {}, _router: { stack: [layer] } })
   t.equal(patterns.of(fake, routeIn(odd)), '/^\\/odd\\/?(?=\\/|$)/i/y', 'a path that cannot be checked is named by its regexp')
+
+  // A layer shaped like neither major's (no rawPath, no RegExp): named by what it holds.
+  const strange = express5.Router()
+  strange.get('/z', ok)
+  const shapeless = Object.assign(() => {}, { set: () => {}, router: { stack: [{ regexp: '/strange', handle: strange }] } })
+  t.equal(patterns.of(shapeless, routeIn(strange)), '/strange/z', 'a mount path held as a string where a RegExp was expected')
 })

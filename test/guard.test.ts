@@ -137,7 +137,7 @@ t.test('a script error on one route does not open the breaker for another', asyn
   const guard = new Guard(store, { failures: 5, cooldownMs: 60_000 }, log)
   const states = watchBreaker(t)
   // A cost the script cannot compute with: Redis runs the script, which fails.
-  const bad: BucketSpec = { ...spec(), cost: 'many' as unknown as number }
+  const bad: BucketSpec = { ...spec(), cost: 'many' as never }
   const good = [spec()]
   for (let i = 0; i < 7; i++) {
     await t.rejects(guard.run(() => store.decide([bad], true), 1000, [bad]), { code: 'TOLLGATE_STORE_ERROR', message: /script/ }, `bad call ${i + 1} fails`)

@@ -59,7 +59,7 @@ interface Side {
 function expressSide (name: string, express: typeof express5): Side {
   return {
     name,
-    limiter: (options) => expressLimit({ failureMode: 'closed', ...options }) as unknown as Limiter,
+    limiter: (options) => expressLimit({ failureMode: 'closed', ...options }),
     async serve (t, build, handled = []) {
       const app = express()
       build({
@@ -80,7 +80,7 @@ function expressSide (name: string, express: typeof express5): Side {
 
 const honoSide: Side = {
   name: 'Hono',
-  limiter: (options) => honoLimit({ failureMode: 'closed', ...options } as Parameters<typeof honoLimit>[0]) as unknown as Limiter,
+  limiter: (options) => honoLimit({ failureMode: 'closed', ...options } as Parameters<typeof honoLimit>[0]),
   async serve (t, build, handled = []) {
     const app = new Hono()
     build({
@@ -97,7 +97,7 @@ const honoSide: Side = {
   }
 }
 
-const SIDES: Side[] = [expressSide('Express 5', express5), expressSide('Express 4', express4 as unknown as typeof express5), honoSide]
+const SIDES: Side[] = [expressSide('Express 5', express5), expressSide('Express 4', express4), honoSide]
 
 /** A plain HTTP client of 127.0.0.1:`port`. */
 function client (port: number): Get {

@@ -25,8 +25,8 @@ const MODES = /one of ["']open["'], ["']closed["'], ["']local["']/
 
 t.test('invalid plugin options', async (t) => {
   const cases: Array<[string, Record<string, unknown>, Expected]> = [
-    ['options not an object', 'x' as unknown as Record<string, unknown>, { name: 'options', got: '"x"', expect: 'an object' }],
-    ['options an array', [] as unknown as Record<string, unknown>, { name: 'options', got: 'an array' }],
+    ['options not an object', 'x' as never, { name: 'options', got: '"x"', expect: 'an object' }],
+    ['options an array', [] as never, { name: 'options', got: 'an array' }],
     ['capacity as a string', { ...base, capacity: '10' }, { name: 'capacity', got: '"10"', expect: NUMBER }],
     ['capacity 0', { ...base, capacity: 0 }, { name: 'capacity', got: '0', expect: NUMBER }],
     ['capacity < 0', { ...base, capacity: -1 }, { name: 'capacity', got: '-1' }],
@@ -273,7 +273,7 @@ t.test('app.tollgate validates programmatic policies', async (t) => {
 
   err = undefined
   try {
-    await app.tollgate.consume('k', { bucket: 'b', cost: (() => 2) as unknown as number })
+    await app.tollgate.consume('k', { bucket: 'b', cost: (() => 2) as never })
   } catch (e) {
     err = e
   }

@@ -46,21 +46,28 @@ function client (t: TeardownTarget, url: string): Redis {
 }
 
 
-/** The queues of an ioredis client: not in its typed API, read for the bound. */
-interface ClientQueues {
-  commandQueue: { length: number }
-  offlineQueue: { length: number }
-  prevCommandQueue?: { length: number } | null
+/**
+ * The length of one of an ioredis client's queues: not in its typed API
+ * (offlineQueue is private, prevCommandQueue undeclared), read for the
+ * bound and checked. `optional`: a queue that is there only at times
+ * (prevCommandQueue, from a reconnect on) counts 0 while it is not.
+ */
+function queueLength (redis: Redis, name: 'commandQueue' | 'offlineQueue' | 'prevCommandQueue', optional = false): number {
+  const queue: unknown = Reflect.get(redis, name)
+  if (optional && (queue === undefined || queue === null)) return 0
+  if (typeof queue !== 'object' || queue === null || !('length' in queue) || typeof queue.length !== 'number') {
+    throw new TypeError(`the ioredis client holds no ${name} with a length`)
+  }
+  return queue.length
 }
 
 /** Samples the client's queues every 20 ms until stopped; keeps the largest of each. */
 function watchQueues (redis: Redis) {
-  const queues = redis as unknown as ClientQueues
   const max = { commandQueue: 0, offlineQueue: 0, prevCommandQueue: 0 }
   const sample = (): void => {
-    max.commandQueue = Math.max(max.commandQueue, queues.commandQueue.length)
-    max.offlineQueue = Math.max(max.offlineQueue, queues.offlineQueue.length)
-    max.prevCommandQueue = Math.max(max.prevCommandQueue, queues.prevCommandQueue?.length ?? 0)
+    max.commandQueue = Math.max(max.commandQueue, queueLength(redis, 'commandQueue'))
+    max.offlineQueue = Math.max(max.offlineQueue, queueLength(redis, 'offlineQueue'))
+    max.prevCommandQueue = Math.max(max.prevCommandQueue, queueLength(redis, 'prevCommandQueue', true))
   }
   sample()
   const timer = setInterval(sample, 20)
@@ -75,13 +82,12 @@ function watchQueues (redis: Redis) {
  * says it is disconnected and nothing may be added.
  */
 function watchOfflineQueue (redis: Redis) {
-  const queues = redis as unknown as ClientQueues
   const seen = { atClose: -1, max: 0, closedAt: Infinity }
   let timer: NodeJS.Timeout | undefined
-  const sample = (): void => { seen.max = Math.max(seen.max, queues.offlineQueue.length) }
+  const sample = (): void => { seen.max = Math.max(seen.max, queueLength(redis, 'offlineQueue')) }
   redis.once('close', () => {
     seen.closedAt = performance.now()
-    seen.atClose = queues.offlineQueue.length
+    seen.atClose = queueLength(redis, 'offlineQueue')
     sample()
     timer = setInterval(sample, 20)
   })

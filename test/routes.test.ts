@@ -152,11 +152,17 @@ t.test('a bad config.rateLimit on a route declared before tollgate is a 500 nami
 t.test('routes declared after `await app.register(tollgate)` keep their check after the app\'s own hooks', async (t) => {
   // The usual order: an auth hook added after tollgate still runs before the
   // check, so `key` can read what it set.
+  // The user the auth hook found, per request, as an auth plugin keeps it.
+  const users = new WeakMap<object, string>()
   const { app, options, prefix, keys } = await setup(t, {
-    key: (request) => (request as unknown as { user: string }).user
+    key: (request) => {
+      const user = users.get(request)
+      if (user === undefined) throw new Error('no user: the auth hook has not run')
+      return user
+    }
   })
   await app.register(tollgate, options)
-  app.addHook('onRequest', async (request) => { (request as unknown as { user: string }).user = 'carol' })
+  app.addHook('onRequest', async (request) => { users.set(request, 'carol') })
   app.get('/me', ok)
   await app.ready()
   t.same(await statuses(app, '/me', 3), [200, 200, 429])
@@ -302,7 +308,7 @@ t.test('notFound is validated like every option', async (t) => {
   const register = async (notFound: unknown): Promise<unknown> => {
     const app = Fastify()
     try {
-      await app.register(tollgate, { failureMode: 'open', capacity: 1, refillPerSecond: 1, redis: undefined, notFound } as unknown as TollgateOptions)
+      await app.register(tollgate, { failureMode: 'open', capacity: 1, refillPerSecond: 1, redis: undefined, notFound } as never)
       await app.ready()
       return undefined
     } catch (err) {
@@ -326,7 +332,7 @@ t.test('notFound is validated like every option', async (t) => {
   }
   const typo = Fastify()
   t.teardown(() => typo.close())
-  await t.rejects(async () => { await typo.register(tollgate, { failureMode: 'open', notfound: false } as unknown as TollgateOptions) }, {
+  await t.rejects(async () => { await typo.register(tollgate, { failureMode: 'open', notfound: false } as never) }, {
     code: 'TOLLGATE_INVALID_OPTION',
     message: 'tollgate: unknown option `notfound`; did you mean `notFound`?'
   })

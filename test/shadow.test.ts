@@ -83,7 +83,7 @@ t.test('routes: a shadow route never answers 429 and shows no rate-limit headers
 t.test('options: shadow must be a boolean, and is not combined with maxWaitMs', async (t) => {
   const limiter = createLimiter()
   t.teardown(() => limiter.close())
-  await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: 'yes' as unknown as boolean }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be true or false, got "yes"/ })
+  await t.rejects(limiter.consume('c', { ...shadowPolicy, shadow: 'yes' as never }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.shadow` must be true or false, got "yes"/ })
   await t.rejects(limiter.consume('c', { ...shadowPolicy, maxWaitMs: 100 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.maxWaitMs` must be unset with `shadow: true`/ })
   // A shadow cost may exceed capacity, up to 2^52 µs of refill (here 1 token per 1e6 s: 4503.6 tokens).
   await t.rejects(limiter.consume('c', { ...shadowPolicy, cost: 1e4 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy.cost` must be at most 4503.59962737\d* \(2\^52 µs of refill, on a shadow policy\), got 10000/ })

@@ -49,36 +49,22 @@ export class Metrics implements GuardObserver {
 
   /** `breaker`: whether the limiter has a circuit breaker (it has one with `redis`). */
   constructor (meter: MetricsMeter, breaker: boolean) {
-    this.#decisions = meter.createCounter('tollgate.decisions', {
-      description: 'Rate-limit decisions, by bucket, outcome (allowed, denied) and source',
-      unit: '{decision}'
-    })
-    this.#fallbacks = meter.createCounter('tollgate.fallbacks', {
-      description: 'Decisions made without the store while it failed, by bucket and source (local, fail-open, fail-closed)',
-      unit: '{decision}'
-    })
+    this.#decisions = meter.createCounter('tollgate.decisions',
+      about('Rate-limit decisions, by bucket, outcome (allowed, denied) and source', '{decision}'))
+    this.#fallbacks = meter.createCounter('tollgate.fallbacks',
+      about('Decisions made without the store while it failed, by bucket and source (local, fail-open, fail-closed)', '{decision}'))
     this.#duration = meter.createHistogram('tollgate.store.duration', {
-      description: 'Store calls, from send to reply, deadline or error, by outcome (ok, timeout, error)',
-      unit: 'ms',
+      ...about('Store calls, from send to reply, deadline or error, by outcome (ok, timeout, error)', 'ms'),
       advice: { explicitBucketBoundaries: DURATION_BOUNDARIES_MS }
     })
-    this.#breakers = meter.createUpDownCounter('tollgate.breaker.state', {
-      description: 'Circuit breakers in each state (closed, open, half-open), one per limiter with a store',
-      unit: '{breaker}'
-    })
-    this.#transitions = meter.createCounter('tollgate.breaker.transitions', {
-      description: 'Circuit breaker changes, by the state entered',
-      unit: '{transition}'
-    })
-    this.#stores = meter.createUpDownCounter('tollgate.store.state', {
-      description: 'Limiters whose store is in each state (healthy, failing), one per limiter with a store',
-      unit: '{limiter}'
-    })
+    this.#breakers = meter.createUpDownCounter('tollgate.breaker.state',
+      about('Circuit breakers in each state (closed, open, half-open), one per limiter with a store', '{breaker}'))
+    this.#transitions = meter.createCounter('tollgate.breaker.transitions', about('Circuit breaker changes, by the state entered', '{transition}'))
+    this.#stores = meter.createUpDownCounter('tollgate.store.state',
+      about('Limiters whose store is in each state (healthy, failing), one per limiter with a store', '{limiter}'))
     if (breaker) {
-      this.#state = 'closed'
-      for (const state of BREAKER_STATES) this.#breakers.add(state === 'closed' ? 1 : 0, { state })
-      this.#storeState = 'healthy'
-      for (const state of STORE_STATES) this.#stores.add(state === 'healthy' ? 1 : 0, { state })
+      this.#state = enter(this.#breakers, BREAKER_STATES, 'closed')
+      this.#storeState = enter(this.#stores, STORE_STATES, 'healthy')
     }
   }
 
@@ -102,16 +88,14 @@ export class Metrics implements GuardObserver {
 
   breaker (state: BreakerState): void {
     if (this.#state === undefined) return
-    this.#breakers.add(-1, { state: this.#state })
-    this.#breakers.add(1, { state })
+    move(this.#breakers, this.#state, state)
     this.#state = state
     this.#transitions.add(1, { state })
   }
 
   store (state: StoreState): void {
     if (this.#storeState === undefined) return
-    this.#stores.add(-1, { state: this.#storeState })
-    this.#stores.add(1, { state })
+    move(this.#stores, this.#storeState, state)
     this.#storeState = state
   }
 
@@ -124,4 +108,24 @@ export class Metrics implements GuardObserver {
     this.#stores.add(-1, { state: this.#storeState })
     this.#storeState = undefined
   }
+}
+
+/** An instrument's description and unit, as every instrument here states them. */
+function about (description: string, unit: string): { description: string, unit: string } {
+  return { description, unit }
+}
+
+/**
+ * This limiter enters an up-down counter of states in `current`: 1 there,
+ * and 0 added to every other state so that each is reported from the start.
+ */
+function enter<S extends string> (counter: Counter, states: readonly S[], current: S): S {
+  for (const state of states) counter.add(state === current ? 1 : 0, { state })
+  return current
+}
+
+/** This limiter's 1 moves from state `from` to state `to` of an up-down counter of states. */
+function move (counter: Counter, from: string, to: string): void {
+  counter.add(-1, { state: from })
+  counter.add(1, { state: to })
 }

@@ -12,7 +12,7 @@
 // bug of the app) and the reservation stands; a store that fails is
 // logged by the limiter and counted in `failedSettlements`.
 
-import { optionError, preview, thrownPreview } from '../core/errors.js'
+import { preview, thrownPreview } from '../core/errors.js'
 import type { Core } from '../core/limiter.js'
 import { unsettled } from '../core/policy.js'
 import type { Decision, Limiter, Policy } from '../core/types.js'
@@ -31,9 +31,9 @@ export interface Pending {
 }
 
 /**
- * A request as it carries its reservation: any object, with the slot of
- * this module's symbol, which nothing else reads or writes. The casts to
- * Carrier add only that optional slot; `settle` is kept with its types
+ * A request as it carries its reservation: any object, with the optional
+ * slot of this module's symbol, which nothing else reads or writes (every
+ * object is a Carrier, no cast needed). `settle` is kept with its types
  * erased and read back by the adapter that stored it, with the same Q and P.
  */
 type Carrier = object & { [kReservation]?: Pending | undefined }
@@ -49,26 +49,25 @@ export const RESERVATION = kReservation
 
 /** Registration check: a leased policy cannot settle (a settlement cannot reach this server's batch). */
 export function checkSettle (settle: unknown, policies: readonly Policy[], where: string): void {
-  if (settle === undefined) return
-  const leased = policies.find((p) => p.lease !== undefined)
-  if (leased !== undefined) {
-    throw optionError(`${where}lease`, leased.lease, 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it')
-  }
-  for (const policy of policies) unsettled(policy, where)
+  // A lease is refused first by the table's order (lib/core/policy-fields.ts),
+  // and only a single-policy route holds one (a list refuses it before this).
+  if (settle !== undefined) for (const policy of policies) unsettled(policy, where)
 }
 
 /** Reserves instead of consuming, and keeps an allowed reservation on the request for `takeReservation`. */
 export async function reserveFor<Q extends object> (core: Core, request: Q, client: string, policies: readonly Policy[],
   costs: readonly number[] | undefined, settle: SettleFunction<Q, never>, name: string): Promise<Decision> {
   const reservation = await core.reserve(client, policies, costs)
-  if (reservation.decision.allowed) (request as Carrier)[kReservation] = { reservation, settle: settle as SettleFunction<never, never>, name }
+  const carrier: Carrier = request
+  if (reservation.decision.allowed) carrier[kReservation] = { reservation, settle, name }
   return reservation.decision
 }
 
 /** The reservation the request holds, taken off it (so it is settled once); most requests hold none. */
 export function takeReservation (request: object): Pending | undefined {
-  const pending = (request as Carrier)[kReservation]
-  if (pending !== undefined) (request as Carrier)[kReservation] = undefined
+  const carrier: Carrier = request
+  const pending = carrier[kReservation]
+  if (pending !== undefined) carrier[kReservation] = undefined
   return pending
 }
 
@@ -76,6 +75,7 @@ export function takeReservation (request: object): Pending | undefined {
 export async function settleResponse<Q, P> (limiter: Limiter, pending: Pending, request: Q, reply: P, side: SettleSide<Q>): Promise<void> {
   let actual: unknown
   try {
+    // The one cast: the adapter that stored `settle` reads it back with its own Q and P.
     actual = await (pending.settle as SettleFunction<Q, P>)(request, reply)
   } catch (cause) {
     // The cause previewed in the message, never attached: a log line would repeat it (lib/core/errors.ts).

@@ -55,7 +55,8 @@ export class MemoryStore {
 
   decideSync (specs: readonly BucketSpec[], consume: boolean): StoreReply {
     const now = this.#now()
-    const values: number[] = []
+    // Each spec with its value: its busy time, or minus its shortfall.
+    const values: Array<[BucketSpec, number]> = []
     let allowed = true
     for (const spec of specs) {
       const step = 1e6 / spec.refillPerSecond
@@ -72,24 +73,20 @@ export class MemoryStore {
       const over = busy + spec.cost * step - window
       if (over > 0) {
         allowed = false
-        values.push(-Math.ceil(over))
+        values.push([spec, -Math.ceil(over)])
       } else {
-        values.push(busy)
+        values.push([spec, busy])
       }
     }
     const spend = allowed && consume
     const buckets: BucketState[] = []
-    for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i]
-      let busy = values[i]
-      // One value per spec, pushed above: both are always there.
-      if (spec !== undefined && busy !== undefined) {
-        if (spend) {
-          busy = Math.ceil(busy + spec.cost * 1e6 / spec.refillPerSecond)
-          this.#fullAt.set(spec.key, now + busy)
-        }
-        buckets.push(bucketState(busy, spec))
+    for (const [spec, value] of values) {
+      let busy = value
+      if (spend) {
+        busy = Math.ceil(busy + spec.cost * 1e6 / spec.refillPerSecond)
+        this.#fullAt.set(spec.key, now + busy)
       }
+      buckets.push(bucketState(busy, spec))
     }
     return { allowed, buckets }
   }
@@ -101,31 +98,28 @@ export class MemoryStore {
    */
   reserveSync (specs: readonly BucketSpec[]): ReserveReply {
     const now = this.#now()
-    const values: number[] = []
+    // Each spec with its value, as in decideSync.
+    const values: Array<[BucketSpec, number]> = []
     let allowed = true
     for (const spec of specs) {
       const window = spec.capacity * (1e6 / spec.refillPerSecond)
       const busy = this.#busy(spec.key, now, 2 * window)
       const over = busy + spec.cost * (1e6 / spec.refillPerSecond) - window
       if (over > 0) allowed = false
-      values.push(over > 0 ? -Math.ceil(over) : busy)
+      values.push([spec, over > 0 ? -Math.ceil(over) : busy])
     }
     const marks: ReserveMark[] = []
     const buckets: BucketState[] = []
-    for (let i = 0; i < specs.length; i++) {
-      const spec = specs[i]
-      let busy = values[i]
-      // One value per spec, pushed above: both are always there.
-      if (spec !== undefined && busy !== undefined) {
-        if (allowed) {
-          const window = spec.capacity * (1e6 / spec.refillPerSecond)
-          busy = this.#write(spec.key, now, busy + spec.cost * 1e6 / spec.refillPerSecond)
-          const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
-          this.#epochs.set(spec.key, [epoch, counted, now])
-          marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
-        }
-        buckets.push(bucketState(busy, spec))
+    for (const [spec, value] of values) {
+      let busy = value
+      if (allowed) {
+        const window = spec.capacity * (1e6 / spec.refillPerSecond)
+        busy = this.#write(spec.key, now, busy + spec.cost * 1e6 / spec.refillPerSecond)
+        const [epoch, counted] = this.#epoch(spec.key, now, window) ?? [now, 0]
+        this.#epochs.set(spec.key, [epoch, counted, now])
+        marks.push({ epoch, mark: now - epoch + counted + busy, floor: Math.trunc(now + spec.cost * (1e6 / spec.refillPerSecond)) })
       }
+      buckets.push(bucketState(busy, spec))
     }
     return { allowed, buckets, marks }
   }

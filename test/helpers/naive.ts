@@ -77,5 +77,6 @@ export function trustAppClock (redis: RedisClient, lua: string): void {
       return await evalLua(variant, numKeys, ...withClock)
     }
   }
-  redis.evalsha = replaced as unknown as typeof redis.evalsha
+  // Object.assign types the client as having both the overloads and `replaced`.
+  Object.assign(redis, { evalsha: replaced })
 }

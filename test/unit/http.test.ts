@@ -8,7 +8,7 @@ import { PolicyHeaders, headerMode, headerPairs } from '../../lib/http/headers.j
 import { logLine } from '../../lib/http/instance.js'
 import { StoreError } from '../../lib/store/errors.js'
 import { MAX_OWNED, bucketOwner } from '../../lib/http/sharing.js'
-import type { RouteLimit } from '../../lib/http/route.js'
+import { compileRoute, type RouteLimit } from '../../lib/http/route.js'
 import type { Decision } from '../../lib/core/types.js'
 
 const policies = new PolicyHeaders([{ bucket: 'api', capacity: 10, refillPerSecond: 1 }], [{ bucket: 'api', capacity: 2, refillPerSecond: 1 }])
@@ -66,7 +66,7 @@ t.test('the middleware adapters\' default logger: one line, the message then eac
 t.test('buckets of several instances: the table is capped, and close() withdraws an instance\'s names', async (t) => {
   const lines: string[] = []
   const log = { warn: (_o: object, msg: string) => { lines.push(msg) }, info: () => {}, error: () => {} }
-  const limit = (bucket: string, capacity: number): RouteLimit<never> => ({ name: bucket, policies: [{ bucket, capacity, refillPerSecond: 1 }] }) as unknown as RouteLimit<never>
+  const limit = (bucket: string, capacity: number): RouteLimit<never> => compileRoute(bucket, { bucket, capacity, refillPerSecond: 1, failureMode: 'open' }, {})
   const filler = bucketOwner('cap', log)
   for (let i = 0; i < MAX_OWNED; i++) filler.claim(limit(`b${i}`, 1))
   const a = bucketOwner('cap', log)

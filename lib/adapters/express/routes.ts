@@ -75,7 +75,7 @@ export class RoutePatterns {
 
   #find (app: unknown, route: Route): string {
     const found: string[] = []
-    if (isApp(app)) walk(routerOf(app).stack, route, [''], found, new Set())
+    if (isApp(app)) walk(appLayers(app), route, [''], found, new Set())
     if (found.length === 0) {
       const pattern = join(product(appPrefixes(app), route.handle === undefined ? texts(route.path) : ['/*']))
       this.#hidden(pattern)
@@ -86,18 +86,26 @@ export class RoutePatterns {
 }
 
 /**
- * What Express keeps of a route, a router, a layer and an app, as read here.
- * Express types none of it: the casts of this file state these shapes where
- * Express 4 and 5 agree on them, and isRouter and isApp check them where
- * they do not.
+ * What Express keeps of a route, as its middleware sees it. Express types
+ * none of its routers, layers and apps either: they are read one property at
+ * a time (`read`, `listAt`), each checked where it is used, so a shape
+ * Express 4 and 5 do not share is told apart at run time, not assumed.
  */
 export interface Route { path?: unknown, stack?: unknown, handle?: object }
-interface Layer { route?: Route, handle?: unknown, rawPath?: unknown, regexp?: RegExp, keys?: Array<{ name: unknown }> }
-interface Router { stack: Layer[] }
-interface App { parent?: unknown, mountpath?: unknown, router?: Router, _router?: Router }
 
 /** The key of routes found without an app (a router used outside of one). */
 const NO_APP = {}
+
+/** A property of one of Express's objects; undefined off anything but an object. */
+function read (value: unknown, name: string): unknown {
+  return value instanceof Object ? Reflect.get(value, name) : undefined
+}
+
+/** The objects of an array property (a router's or a route's `stack`, a layer's `keys`); none where there is no array. */
+function listAt (value: unknown, name: string): readonly object[] {
+  const found = read(value, name)
+  return Array.isArray(found) ? found.filter((item): item is object => item instanceof Object) : []
+}
 
 /**
  * Collects in `found` the patterns of the layers of `stack` (and of the
@@ -105,67 +113,70 @@ const NO_APP = {}
  * middleware outside a route); `at` are the mount paths so far. A router
  * met again below itself is not followed.
  */
-function walk (stack: readonly Layer[], route: Route, at: readonly string[], found: string[], seen: Set<unknown>): void {
+function walk (stack: readonly object[], route: Route, at: readonly string[], found: string[], seen: Set<unknown>): void {
   for (const layer of stack) {
-    const held = layer.route
+    const held = read(layer, 'route')
     if (held === route) {
       found.push(...product(at, texts(route.path)))
       continue
     }
-    if (held === undefined && route.handle !== undefined && layer.handle === route.handle) {
+    const handle = read(layer, 'handle')
+    if (held === undefined && route.handle !== undefined && handle === route.handle) {
       found.push(...product(product(at, mountTexts(mountPath(layer))), ['/*']))
       continue
     }
     // A router given as a route's handler (`app.get('/x', router)`) matches
     // below the route's own mount: its routes are at `at`, not under the
     // route's pattern.
-    const handles = held === undefined ? [layer.handle] : (held.stack as Layer[]).map((l) => l.handle)
-    for (const handle of handles) {
-      if (!isRouter(handle) || seen.has(handle)) continue
-      seen.add(handle)
-      walk(handle.stack, route, held === undefined ? product(at, mountTexts(mountPath(layer))) : at, found, seen)
-      seen.delete(handle)
+    const handles = held === undefined ? [handle] : listAt(held, 'stack').map((l) => read(l, 'handle'))
+    for (const child of handles) {
+      // A router is a handle with layers (an empty one holds nothing to find).
+      const layers = listAt(child, 'stack')
+      if (layers.length === 0 || seen.has(child)) continue
+      seen.add(child)
+      walk(layers, route, held === undefined ? product(at, mountTexts(mountPath(layer))) : at, found, seen)
+      seen.delete(child)
     }
   }
 }
 
 /** The mount paths of a sub-app up to the top app (`app.use(path, subApp)` keeps them). */
 function appPrefixes (app: unknown): string[] {
-  if (!isApp(app) || !isApp(app.parent)) return ['']
-  return product(appPrefixes(app.parent), mountTexts(app.mountpath))
+  const parent = read(app, 'parent')
+  if (!isApp(app) || !isApp(parent)) return ['']
+  return product(appPrefixes(parent), mountTexts(read(app, 'mountpath')))
 }
 
-function isRouter (value: unknown): value is Router {
-  return Array.isArray((value as { stack?: unknown }).stack)
+function isApp (value: unknown): value is object {
+  return typeof read(value, 'set') === 'function'
 }
 
-function isApp (value: unknown): value is App & object {
-  return typeof (value as { set?: unknown } | undefined)?.set === 'function'
-}
-
-/** An app's own router: Express 5 `app.router`, Express 4 `app._router` (there as soon as a route is). */
-function routerOf (app: App): Router {
-  return ('_router' in app ? app._router : app.router) as Router
+/**
+ * The layers of an app's own router: Express 5 `app.router`, Express 4
+ * `app._router` (there as soon as a route is; its `app.router` throws).
+ */
+function appLayers (app: object): readonly object[] {
+  return listAt('_router' in app ? app._router : read(app, 'router'), 'stack')
 }
 
 /** The path a layer of `router.use()` was declared with (see the top of this file). */
-function mountPath (layer: Layer): unknown {
+function mountPath (layer: object): unknown {
   if ('rawPath' in layer) return layer.rawPath
-  const regexp = layer.regexp as RegExp & { fast_slash?: boolean }
-  if (regexp.fast_slash === true) return '/'
+  const regexp = read(layer, 'regexp')
+  // Neither Express 5's layer nor Express 4's: named by what it holds.
+  if (!(regexp instanceof RegExp)) return regexp
+  if (read(regexp, 'fast_slash') === true) return '/'
   return express4Path(layer, regexp) ?? regexp
 }
-
-type LayerClass = new (path: unknown, options: object, fn: () => void) => { regexp: RegExp }
 
 /**
  * The declared path of an Express 4 mount layer, rebuilt from its regexp
  * (path-to-regexp 0.1's output: `^`, the path, `\/?(?=\/|$)`; an array's
  * entries joined with `|`) and keys; undefined unless Express 4's own Layer
- * compiles it back to the very same regexp.
+ * (the layer's constructor) compiles it back to the very same regexp.
  */
-function express4Path (layer: Layer, regexp: RegExp): string | string[] | undefined {
-  const keys = (layer.keys as Array<{ name: unknown }>).map((k) => String(k.name))
+function express4Path (layer: object, regexp: RegExp): string | string[] | undefined {
+  const keys = listAt(layer, 'keys').map((key) => String(read(key, 'name')))
   let k = 0
   const paths: string[] = []
   for (const part of regexp.source.split(/\|(?=\^)/)) {
@@ -178,11 +189,10 @@ function express4Path (layer: Layer, regexp: RegExp): string | string[] | undefi
     }
     paths.push(path)
   }
-  const candidate = paths.length === 1 ? paths[0] as string : paths
-  const Compiled = layer.constructor as LayerClass
+  const candidate = paths.length === 1 ? String(paths[0]) : paths
   try {
-    const compiled = new Compiled(candidate, { sensitive: !regexp.flags.includes('i'), strict: false, end: false }, Function.prototype as () => void).regexp
-    return compiled.source === regexp.source && compiled.flags === regexp.flags ? candidate : undefined
+    const compiled = read(Reflect.construct(layer.constructor, [candidate, { sensitive: !regexp.flags.includes('i'), strict: false, end: false }, Function.prototype]), 'regexp')
+    return compiled instanceof RegExp && compiled.source === regexp.source && compiled.flags === regexp.flags ? candidate : undefined
   } catch {
     return undefined
   }

@@ -49,11 +49,12 @@ function redisError (err: unknown): unknown {
   const message = String(Reflect.get(Object(err), 'message'))
   const match = SERVER_ERROR.exec(message)
   if (match !== null) {
-    const kind = match[1] as string
+    // The group is not optional: a match always holds it.
+    const kind = String(match[1])
     return replyError(`${CODES[kind] ?? kind} ${message.slice(match[0].length)}`, err)
   }
   const coded = CODED_ERROR.exec(message)
-  return coded === null ? err : replyError(`${coded[1] as string} ${message.slice(coded[0].length)}`, err)
+  return coded === null ? err : replyError(`${String(coded[1])} ${message.slice(coded[0].length)}`, err)
 }
 
 const POLL_MS = 1000
