@@ -22,7 +22,14 @@ import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
 import type { Logger } from './types.js'
+import { script } from '../store/script.js'
 import type { RemoteStore } from '../store/store.js'
+
+/**
+ * lua/key-secret.lua: sent as EVAL, since it runs once per start-up, so
+ * its text is not kept loaded on every master.
+ */
+const KEY_SECRET = script('key-secret.lua', { loaded: false })
 
 /** How long start-up gives Redis to answer the secret's read (within the adapters' own start-up bound). */
 export const WARM_TIMEOUT_MS = 1000
@@ -88,7 +95,8 @@ export class KeyNames {
     const mine = option === undefined ? randomBytes(32).toString('base64url') : digest(option)
     let reply: unknown
     try {
-      reply = await guard.run(async () => await store.keySecret(secretKey, checkKey, option === undefined ? 1 : 2, mine), timeoutMs, [], true)
+      // Writes `mine` to the random secret (1) or to the keySecret digest (2) where that key is missing.
+      reply = await guard.run(async () => await store.run(KEY_SECRET, [secretKey, checkKey], [option === undefined ? 1 : 2, mine]), timeoutMs, [], true)
     } catch {
       return
     }

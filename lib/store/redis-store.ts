@@ -1,5 +1,3 @@
-import { createHash } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import { commandRefused, notConnectedYet, scriptsRefused, StoreError } from './errors.js'
 import {
   bucketState, extReply, lockKey, refundKey, type BucketSpec, type BucketState, type ExtReply, type ExtSpec, type LeaseReply, type ReserveMark,
@@ -8,6 +6,7 @@ import {
 import type { RedisClient, StoreClient } from './client.js'
 import { storeClient } from './clients/index.js'
 import { isNumbers, lengthOf, numberAt, numberOf, unexpectedReply } from './reply.js'
+import { loadedScripts, script, type Script } from './script.js'
 
 // Each script is sent by its SHA-1 (EVALSHA), computed once; a NOSCRIPT
 // answer (a script flush, a restart, a failover to a replica that never
@@ -15,31 +14,21 @@ import { isNumbers, lengthOf, numberAt, numberOf, unexpectedReply } from './repl
 // source, routed by its keys like the EVALSHA, which also loads the script
 // on that node. Only NOSCRIPT is retried: any other error is the call's.
 // What goes to Redis goes through the client's StoreClient
-// (lib/store/client.ts), whichever client it is.
-
-/** A Lua script and its SHA-1, as EVALSHA names it. */
-export interface Script {
-  readonly lua: string
-  readonly sha: string
-}
-
-function script (file: string): Script {
-  const lua = readFileSync(new URL(`../../lua/${file}`, import.meta.url), 'utf8')
-  return { lua, sha: createHash('sha1').update(lua).digest('hex') }
-}
+// (lib/store/client.ts), whichever client it is. The store's own scripts
+// are declared here, in the order start-up loads them; a limit kind's
+// script is declared by its own file (lib/store/script.ts) and run with
+// `run`, through the same machinery.
 
 /** lua/token-bucket.lua. */
 export const TOKEN_BUCKET: Script = script('token-bucket.lua')
+/** lua/token-bucket-batch.lua. */
+export const TOKEN_BUCKET_BATCH: Script = script('token-bucket-batch.lua')
 /** lua/lease.lua. */
 export const LEASE: Script = script('lease.lua')
 /** lua/settle.lua. */
 export const SETTLE: Script = script('settle.lua')
 /** lua/token-bucket-ext.lua. */
 export const TOKEN_BUCKET_EXT: Script = script('token-bucket-ext.lua')
-/** lua/token-bucket-batch.lua. */
-export const TOKEN_BUCKET_BATCH: Script = script('token-bucket-batch.lua')
-/** lua/key-secret.lua. */
-const KEY_SECRET: Script = script('key-secret.lua')
 /** lua/probe.lua. */
 export const PROBE: Script = script('probe.lua')
 
@@ -84,11 +73,11 @@ export function pushBucketArgs (args: Array<string | number>, spec: BucketSpec):
 }
 
 // Script names, for the errors of replies of another shape.
-const SINGLE = 'lua/token-bucket.lua'
-const BATCH = 'lua/token-bucket-batch.lua'
-const EXT = 'lua/token-bucket-ext.lua'
-const LEASE_S = 'lua/lease.lua'
-const SETTLE_S = 'lua/settle.lua'
+const SINGLE = TOKEN_BUCKET.name
+const BATCH = TOKEN_BUCKET_BATCH.name
+const EXT = TOKEN_BUCKET_EXT.name
+const LEASE_S = LEASE.name
+const SETTLE_S = SETTLE.name
 
 /**
  * One request's decision from an array reply of one integer per bucket,
@@ -281,14 +270,17 @@ export class RedisStore implements RemoteStore {
   }
 
   /**
-   * lua/key-secret.lua (lib/core/key-secret.ts): writes `value` to the
-   * fleet's random secret (`write` 1) or to its keySecret digest (2) where
-   * that key is missing, and replies both keys' values. Sent as EVAL: it
-   * runs once per start-up, so its text is not kept loaded.
+   * `script` on `keys` (one slot on a Cluster: it is routed by them) with
+   * `args`, for a script declared outside the store (lib/store/script.ts):
+   * EVALSHA with NOSCRIPT answered by EVAL when it is kept loaded, else
+   * one EVAL. The reply comes in RESP2's shapes, whatever the client; the
+   * caller reads it.
    */
-  async keySecret (secretKey: string, checkKey: string, write: 1 | 2, value: string): Promise<unknown> {
+  async run (script: Script, keys: readonly string[], args: ReadonlyArray<string | number>): Promise<unknown> {
     this.#ready()
-    return await this.#redis.eval(KEY_SECRET.lua, 2, [secretKey, checkKey, write, value])
+    const all: Array<string | number> = [...keys, ...args]
+    if (!script.loaded) return await this.#redis.eval(script.lua, keys.length, all)
+    return await this.#run(script, keys.length, all)
   }
 
   /**
@@ -498,8 +490,10 @@ export class RedisStore implements RemoteStore {
   }
 
   /**
-   * Loads the scripts on every master, which also opens the connections, so
-   * the first decisions after start-up need neither; then peeks at `key`
+   * Loads every script kept loaded (lib/store/script.ts: the store's and
+   * those of limit kinds declared elsewhere) on every master, which also
+   * opens the connections, so the first decisions after start-up need
+   * neither; then peeks at `key`
    * (a peek writes nothing), as a decision would, to learn whether this
    * server runs the scripts at all: SCRIPT LOAD succeeding does not show
    * that EVALSHA is allowed, nor SCRIPT LOAD failing that it is not. Then
@@ -511,7 +505,7 @@ export class RedisStore implements RemoteStore {
    * failure modes' to cover, for a store that is not there yet.
    */
   async warm (key: string): Promise<StoreError | undefined> {
-    await this.#redis.loadScripts([TOKEN_BUCKET, TOKEN_BUCKET_BATCH, LEASE, SETTLE, TOKEN_BUCKET_EXT, PROBE].map((s) => s.lua))
+    await this.#redis.loadScripts(loadedScripts().map((s) => s.lua))
     try {
       await this.decide([{ key, capacity: 1, refillPerSecond: 1, cost: 1 }], false)
     } catch (cause) {

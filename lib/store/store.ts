@@ -1,5 +1,6 @@
 import type { StoreClient } from './client.js'
 import type { StoreError } from './errors.js'
+import type { Script } from './script.js'
 /** One bucket of one decision. */
 export interface BucketSpec {
   key: string
@@ -149,8 +150,8 @@ export function wholeTokens (tokens: number): number {
 
 /**
  * What the core calls on a remote store (lib/core/remote.ts): decisions,
- * lockouts and waits, reservations and their settlement, leases, the key
- * secret's script, the start-up check, and the connection the fleet's
+ * lockouts and waits, reservations and their settlement, leases, the
+ * scripts of other limit kinds (`run`), the start-up check, and the connection the fleet's
  * changes travel on. RedisStore is the one a limiter with `redis` builds;
  * createCore takes another through its runtime (lib/core/limiter.ts).
  */
@@ -159,8 +160,13 @@ export interface RemoteStore extends Store, LeaseStore {
   reserve (specs: readonly BucketSpec[]): Promise<ReserveReply>
   /** Applies each bucket's change (µs of refill), cut by its reserve's mark; replies what each applied. */
   settle (specs: readonly BucketSpec[], changes: readonly number[], marks: readonly ReserveMark[]): Promise<number[]>
-  /** lua/key-secret.lua's call (lib/core/key-secret.ts): the fleet's secret and keySecret digest, as stored. */
-  keySecret (secretKey: string, checkKey: string, write: 1 | 2, value: string): Promise<unknown>
+  /**
+   * Runs a script declared outside the store (lib/store/script.ts) on
+   * `keys` (one hash tag: a Cluster routes the call by them) with `args`,
+   * as the store runs its own; the reply, in RESP2's shapes, is the
+   * caller's to read.
+   */
+  run (script: Script, keys: readonly string[], args: ReadonlyArray<string | number>): Promise<unknown>
   /** Loads the scripts and checks they run at `key`: the error when they cannot, else undefined. */
   warm (key: string): Promise<StoreError | undefined>
   /** The store's address, for log lines (never a password). */

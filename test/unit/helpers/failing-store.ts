@@ -10,6 +10,7 @@ import { wire } from '../../../lib/core/limiter.js'
 import type { BreakerOptions, Logger } from '../../../lib/core/types.js'
 import { MemoryStore } from '../../../lib/store/memory-store.js'
 import type { StoreError } from '../../../lib/store/errors.js'
+import type { Script } from '../../../lib/store/script.js'
 import type { BucketSpec, ExtReply, ExtSpec, LeaseReply, RemoteStore, ReserveMark, ReserveReply, StoreReply } from '../../../lib/store/store.js'
 import type { FakeTime } from './fake-time.js'
 
@@ -69,9 +70,14 @@ export class FailingStore implements RemoteStore {
     return this.#call(() => ({ taken: 0, bucket: { remaining: spec.capacity, fullInUs: 0, waitUs: 0 }, nowUs: 0 }))
   }
 
-  /** The key secret's script: every key secret is a keySecret here (UNIT_KEY_SECRET), never read at a decision. */
-  keySecret (): Promise<unknown> {
-    return this.#call(() => [null, null])
+  /**
+   * A script of another limit kind (lib/store/script.ts): it runs nothing,
+   * and replies as a script that found none of its keys, nil for each. The
+   * key secret's is one: every key secret is a keySecret here
+   * (UNIT_KEY_SECRET), never read at a decision.
+   */
+  run (_script: Script, keys: readonly string[]): Promise<unknown> {
+    return this.#call(() => keys.map(() => null))
   }
 
   /** Nothing to load: an in-process store runs no script. */
