@@ -3,13 +3,15 @@
 // store's own, sent by EVALSHA, answered by EVAL after a NOSCRIPT; one that
 // is not kept loaded (the key secret's) is sent as one EVAL and never
 // loaded. On a redis-server of this file's own, whose script cache and
-// command counts nothing else touches. lua/key-secret.lua stands for a
-// limit kind's script: it replies what its two keys hold, after writing one.
+// command counts nothing else touches, and on a Cluster of its own.
+// lua/key-secret.lua stands for a limit kind's script: it replies what its
+// two keys hold, after writing one.
 
 import { Redis } from 'ioredis'
 import t from 'tap'
 import { LEASE, PROBE, RedisStore, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_BATCH, TOKEN_BUCKET_EXT } from '../lib/store/redis-store.js'
 import { loadedScripts, script } from '../lib/store/script.js'
+import { keysOn, startCluster } from './helpers/cluster.js'
 import { infoField, redisCommand, startRedisServer, type RedisServer } from './helpers/redis.js'
 
 /** A script of another limit kind, kept loaded: declared at module load, as a limit kind's file declares its own. */
@@ -57,4 +59,24 @@ t.test('a script not kept loaded is sent as one EVAL, and start-up does not load
   t.same(await store.run(ONCE, ['seam:{c}:secret', 'seam:{c}:check'], [1, 'once']), ['once', null])
   t.same(await scriptCalls(server), { evalsha: 0, eval: 1 }, 'one EVAL, no EVALSHA')
   t.equal(ONCE.name, 'lua/key-secret.lua', 'named by its file, for the errors of replies of another shape')
+})
+
+t.test('on a Cluster: start-up loads it on every master, and each call goes to the master of its keys', async (t) => {
+  const cluster = await startCluster({ masters: 3 })
+  t.teardown(() => cluster.stop())
+  const masters = await cluster.masters()
+  const client = cluster.client()
+  await new Promise((resolve) => client.once('ready', resolve))
+  const on = new RedisStore(client)
+  await on.warm('seam:{warm}:w')
+  for (const master of masters) t.same(await redisCommand(master, ['SCRIPT', 'EXISTS', KEPT.sha]), [1], `loaded on the master at port ${master.port}`)
+  const holders = new Set<number>()
+  for (let i = 0; i < 12; i++) {
+    const [secret, check] = [`seam:{t${i}}:secret`, `seam:{t${i}}:check`]
+    t.same(await on.run(KEPT, [secret, check], [1, `v${i}`]), [`v${i}`, null], `tag t${i}: the script's reply`)
+    const owner = await cluster.masterFor(secret)
+    t.same(await keysOn(owner, `seam:{t${i}}:*`), [secret], `tag t${i}: written on the master of its slot`)
+    holders.add(owner.port)
+  }
+  t.equal(holders.size, masters.length, 'the calls reached every master')
 })
