@@ -91,6 +91,32 @@ async function disconnects (t: Test, row: AdapterRow): Promise<void> {
   t.same(app.logs().filter((l) => l.level === 'error'), [], 'and nothing was logged as an error')
 }
 
+async function settlesOnce (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const settled: string[] = []
+  const app = await row.start(t, {
+    options: { redis, prefix: uniquePrefix(), capacity: 2, refillPerSecond: 0.001, failureMode: 'open', timeout: 1000 },
+    routes: [
+      { path: '/done', policy: { bucket: 'done', key: () => 'one' }, settled: (path) => { settled.push(path) } },
+      { path: '/slow', policy: { bucket: 'slow', key: () => 'one' }, settled: (path) => { settled.push(path) }, handlerMs: 300 }
+    ]
+  })
+  t.equal((await ask(app.at, '/done')).status, 200)
+  await sleep(200)
+  t.same(settled, ['/done'], 'a finished response settles its reservation once')
+  t.equal((await app.api.peek('one', { bucket: 'done' })).remaining, 2, 'settled at 0: the reservation is refunded')
+  // The client goes away 100 ms into a handler of 300 ms.
+  const gone = request({ ...app.at, path: '/slow' })
+  gone.on('error', () => {})
+  gone.end()
+  await sleep(100)
+  gone.destroy()
+  await sleep(600)
+  t.same(settled, ['/done', '/slow'], 'a request whose client left mid-handler settles its reservation once too')
+  t.equal((await app.api.peek('one', { bucket: 'slow' })).remaining, 2, 'and it is refunded')
+  t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
+}
+
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
   const redis = await sharedRedis(t)
   const app = await row.start(t, {
@@ -122,6 +148,7 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
   t.test(row.name, async (t) => {
     t.test('a decision after the response was sent is dropped; the process lives', (t) => lateDecisions(t, row.late))
     t.test('a client that disconnects while it waits: no handler; its waiter slot is held to the end of its wait', (t) => disconnects(t, row))
+    t.test('a reservation is settled once: when the response finishes, and when the client leaves mid-handler', (t) => settlesOnce(t, row))
     for (const first of row.shutdowns) {
       t.test(`shutdown, ${first} first: every waiting request is answered at once, and the server closes`, (t) => shutdown(t, row, first))
     }

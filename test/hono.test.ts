@@ -397,6 +397,14 @@ t.test('charging by outcome: settled once the response is finished; successes re
   t.equal((await app.request('/login', { method: 'POST', headers: { 'x-client': 'eve' } })).status, 401)
   await left(2)
   t.pass('app.request(): settled at the cost of a 401')
+  // Off the Node server, a request aborted before its decision arrives is
+  // dropped (499) and its reservation settled at once, as a gone client's.
+  await limit.reset('eve', 'login')
+  const aborted = new AbortController()
+  aborted.abort()
+  t.equal((await app.request('/login', { method: 'POST', headers: { 'x-client': 'eve', 'x-actual': '0' }, signal: aborted.signal })).status, 499)
+  await left(3)
+  t.pass('app.request() aborted: dropped, its reservation settled (refunded at 0)')
 })
 
 t.test('shadow mode: a policy decided and spent as usual that never refuses nor shows in the headers', async (t) => {

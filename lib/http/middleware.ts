@@ -11,8 +11,10 @@
 // and its handler does not run (each adapter's guide says what its
 // framework does then). Otherwise the headers are written, and the request
 // goes on to its handler, or its denial goes to the `handler` of its limit
-// (or of the options), else the JSON body of the 429 or 503 is sent. A
-// reservation is settled once the response is finished.
+// (or of the options), else the JSON body of the 429 or 503 is sent. What
+// the request holds (a reservation) is released once it ends, whether its
+// response finished or its client left (lib/http/holds.ts): the adapter's
+// end signal is listened for only for a request that holds something.
 //
 // `limit` itself. `rateLimit()` returns `limit`, which is a middleware too,
 // as express-rate-limit users write it: `limit` is `limit()`, the options'
@@ -31,12 +33,12 @@ import type { Adapter } from '../core/migrating.js'
 import type { Parsers } from '../core/options.js'
 import type { Decision, Logger } from '../core/types.js'
 import type { HeaderSink } from './headers.js'
+import type { End } from './holds.js'
 import { CONSOLE, RateLimitError, programmatic, startGate, type Programmatic } from './instance.js'
 import { parseOptions, requestLayer, startInstance, type Identity } from './kit.js'
 import type { LimitOf } from './registry.js'
 import { answer, denialBody, type Decided, type Denial, type RequestLayer } from './request.js'
 import type { Defaults, NamedPolicy, POLICY_CHECKS, RouteLimit } from './route.js'
-import { takeReservation, type Pending } from './settle-route.js'
 import { bucketOwner, firstTime } from './sharing.js'
 import type { MiddlewareFields } from './types.js'
 
@@ -56,18 +58,21 @@ export interface MiddlewareHooks<Req, Ctx, Next, Out, Handler, Args extends unkn
   setHeader: HeaderSink<Ctx>
   /** Puts the decision where the app reads it (`req.rateLimit`, `c.get('rateLimit')`). */
   show(ctx: Ctx, decision: Decision): void
-  /** Runs `then` once the response is finished (at once if it is). */
-  onFinish(ctx: Ctx, then: () => void): void
-  /** The response `settle` is given, read when it runs. */
-  response(ctx: Ctx): unknown
   /**
-   * Goes on to the handler. `settle` (when the request holds a reservation)
-   * starts the settlement: run it once the handler has made its response,
-   * or at once where the framework does not tell when that is. `decided`:
+   * The framework's one end signal: runs `then` once, when the response
+   * has finished or the client has gone (at once if either is so), with
+   * the response a `settle` function reads.
+   */
+  onEnd(ctx: Ctx, then: (end: End) => void): void
+  /**
+   * Goes on to the handler. `listen` (when the request holds something)
+   * starts listening for its end (onEnd): run it before the handler, or
+   * once the handler has made its response where the framework does not
+   * tell when the response ends. `decided`:
    * the decision whose headers were written; `closing`, whether answers
    * say `Connection: close` now.
    */
-  pass(ctx: Ctx, next: Next, settle: (() => void) | undefined, decided: Decided<Req> | undefined, closing: () => boolean): Out | Promise<Out>
+  pass(ctx: Ctx, next: Next, listen: (() => void) | undefined, decided: Decided<Req> | undefined, closing: () => boolean): Out | Promise<Out>
   /** What a dropped request's middleware returns. */
   drop(ctx: Ctx): Out
   /** Hands a denial to the app's handler. */
@@ -159,26 +164,23 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
     return layer.decide(limit, request).then((decided) => conclude(decided, ctx, next)).catch((err: unknown) => hooks.fail(next, err))
   }
   function conclude (decided: Decided<Req> | undefined, ctx: Ctx, next: Next): Out | Promise<Out> {
-    const pending = takeReservation(hooks.request(ctx))
-    const settle = pending === undefined ? undefined : () => { settleWhenFinished(pending, ctx) }
+    const request = hooks.request(ctx)
+    const listen = layer.holding(request) ? () => { hooks.onEnd(ctx, (end) => { void layer.ended(request, end) }) } : undefined
     if (hooks.answered(ctx)) {
-      settle?.()
+      listen?.()
       return hooks.drop(ctx)
     }
     layer.closeConnection(ctx, hooks.setHeader)
-    if (decided === undefined) return hooks.pass(ctx, next, settle, undefined, isClosing)
+    if (decided === undefined) return hooks.pass(ctx, next, listen, undefined, isClosing)
     const { decision } = decided
     hooks.show(ctx, decision)
     const denial = answer(decided.limit, decision, ctx, hooks.setHeader)
-    if (denial === undefined) return hooks.pass(ctx, next, settle, decided, isClosing)
+    if (denial === undefined) return hooks.pass(ctx, next, listen, decided, isClosing)
     // The route's `handler`, or the options': a function, as the adapter's
     // dialect parsed it, taken at the type the adapter's options declare.
     const handler = decided.limit.handler as Handler | undefined
     if (handler !== undefined) return hooks.handle(ctx, next, handler, new RateLimitError(denial, decision))
     return hooks.send(ctx, denial, denialBody(denial))
-  }
-  function settleWhenFinished (pending: Pending, ctx: Ctx): void {
-    hooks.onFinish(ctx, () => { void layer.settle(pending, hooks.request(ctx), hooks.response(ctx)) })
   }
   return { middleware, closing: () => { layer.close() } }
 }

@@ -12,8 +12,10 @@
 //            (`limit`, lib/http/tiers.ts) -> costs -> one store decision, a
 //            reserve on a route that settles (undefined when `allow` or
 //            the plan let the request through);
-//   settle   RequestLayer.settle, from the adapter's after-response hook,
-//            with the reservation the request holds (lib/http/settle-route.ts);
+//   end      RequestLayer.ended, once per request from the adapter's end
+//            signal: releases what the request holds (lib/http/holds.ts;
+//            a reservation to settle, lib/http/settle-route.ts), which the
+//            adapter listens for only when `holding` says the request does;
 //   answer   answer(): the headers, written through the adapter's sink, and
 //            the denial (429, or 503 when a closed limit cannot reach Redis)
 //            as data; denialBody() is its JSON body;
@@ -34,7 +36,8 @@ import type { Core } from '../core/limiter.js'
 import { checkCost, costBound } from '../core/policy.js'
 import { shownDecision } from './answer.js'
 import type { RequestFn, RouteLimit } from './route.js'
-import { reserveFor, settleResponse, type Pending } from './settle-route.js'
+import { ended, holding, type End } from './holds.js'
+import { reserveFor } from './settle-route.js'
 import type { Decision } from '../core/types.js'
 
 /** The client identity of requests without an address (as on a Unix socket). */
@@ -48,7 +51,7 @@ export interface RequestSide<Req> {
   onAddress?: ((request: Req) => void) | undefined
   /** Called once, for the first request without an address: it is keyed as NO_ADDRESS. */
   noAddress(): void
-  /** The error of a route's `settle` that threw or returned a bad value, for its log line (the response is sent). */
+  /** The error of a route's `settle` that threw or returned a bad value, for its log line (the request has ended). */
   badInput(route: string, detail: string): Error
   /**
    * Logs why a `key`, `cost`, `allow` or `limit` function failed (`message`,
@@ -56,8 +59,8 @@ export interface RequestSide<Req> {
    * with: the 500 of BAD_INPUT, which says nothing of it.
    */
   refuse(request: Req, message: string): Error
-  /** Logs a route's `settle` that failed (the response is sent: no answer can carry it). */
-  settleFailed(request: Req, err: Error): void
+  /** Logs a hold that failed at the request's end, as a route's bad `settle` (no answer can carry it). */
+  settleFailed(request: Req, err: unknown): void
 }
 
 /** The bodies' fields of a denial; `message` has `%s` for the seconds. */
@@ -142,7 +145,7 @@ export class RequestLayer<Req extends object> {
     }
     const decision = limit.settle === undefined
       ? await this.#core.decide(client, limit.policies, costs, true)
-      : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name)
+      : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name, this.#side.badInput)
     return { limit, decision }
   }
 
@@ -161,9 +164,14 @@ export class RequestLayer<Req extends object> {
     if (this.#closing) set(target, 'connection', 'close')
   }
 
-  /** Settles a reservation the request held (takeReservation), after its response; never throws. */
-  async settle (pending: Pending, request: Req, response: unknown): Promise<void> {
-    await settleResponse(this.#core.limiter, pending, request, response, this.#side)
+  /** Whether the request holds anything to release at its end: only then does the adapter listen for it. */
+  holding (request: Req): boolean {
+    return holding(request)
+  }
+
+  /** The request has ended (the adapter's one call for it): releases what it holds, once; never rejects. */
+  async ended (request: Req, end: End): Promise<void> {
+    await ended(request, end, (err) => { this.#side.settleFailed(request, err) })
   }
 
   #address (request: Req): string {

@@ -12,6 +12,7 @@
 // framework is one more row.
 
 import { once } from 'node:events'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdaptorServer } from '@hono/node-server'
@@ -43,6 +44,13 @@ export interface RouteSpec {
   policy: SharedPolicy | SharedPolicy[]
   /** Each policy's client key is this request header ('anonymous' without it), read the framework's way. */
   keyHeader?: string
+  /**
+   * The route settles: its limit's `settle` calls this with the route's
+   * path each time it runs, and returns 0 (the reservation is refunded).
+   */
+  settled?: (path: string) => void
+  /** The handler answers this many ms after it starts (at once without it). */
+  handlerMs?: number
 }
 
 /** A programmatic policy: named bucket, numeric cost. */
@@ -116,12 +124,27 @@ const JSON_TYPE = 'application/json; charset=utf-8'
  * route's `keyHeader` (the row's own: its request type), if it names one.
  */
 function keyed (route: RouteSpec, key: (header: string) => unknown): object {
+  const policy = withKey(route, key)
+  const { settled } = route
+  if (settled === undefined) return policy
+  const settle = (): number => { settled(route.path); return 0 }
+  return Array.isArray(policy) ? policy.map((p: object) => ({ ...p, settle })) : { ...policy, settle }
+}
+
+function withKey (route: RouteSpec, key: (header: string) => unknown): object {
   const header = route.keyHeader
   if (header === undefined) return route.policy
   // One function for the route: its key is one per route, the same in every policy.
   const read = key(header)
   const withKey = (policy: SharedPolicy): object => ({ ...policy, key: read })
   return Array.isArray(route.policy) ? route.policy.map(withKey) : withKey(route.policy)
+}
+
+/** Express's handler of a route: `answer`, or `answer` `handlerMs` later. */
+function later (route: RouteSpec, answer: RequestHandler): RequestHandler {
+  const ms = route.handlerMs
+  if (ms === undefined) return answer
+  return (req, res, next) => { setTimeout(() => { answer(req, res, next) }, ms) }
 }
 
 /** The body every row's handlers answer with. */
@@ -198,7 +221,7 @@ function expressRow (major: '5' | '4', express: typeof express5 | typeof express
         const app = express()
         const answer: RequestHandler = (req, res) => { handled.push(req.path); res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
         const key = (header: string) => (req: Request) => req.get(header) ?? 'anonymous'
-        for (const route of spec.routes) app.get(route.path, limit(keyed(route, key) as ExpressPolicy), answer)
+        for (const route of spec.routes) app.get(route.path, limit(keyed(route, key) as ExpressPolicy), later(route, answer))
         return createServer(app)
       })
   }
@@ -220,7 +243,8 @@ const honoRow: AdapterRow = {
       const app = new Hono<RateLimitEnv>()
       const key = (header: string) => (c: Context) => c.req.header(header) ?? 'anonymous'
       for (const route of spec.routes) {
-        app.get(route.path, limit(keyed(route, key) as HonoPolicy), (c) => {
+        app.get(route.path, limit(keyed(route, key) as HonoPolicy), async (c) => {
+          if (route.handlerMs !== undefined) await sleep(route.handlerMs)
           handled.push(c.req.path)
           return c.body(sourceBody(c.get('rateLimit')), 200, { 'content-type': JSON_TYPE })
         })
@@ -254,6 +278,7 @@ const fastifyRow: AdapterRow = {
     const key = (header: string) => (request: FastifyRequest) => String(request.headers[header] ?? 'anonymous')
     for (const route of spec.routes) {
       app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit } }, async (request, reply) => {
+        if (route.handlerMs !== undefined) await sleep(route.handlerMs)
         handled.push(request.url.split('?')[0] as string)
         return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
       })

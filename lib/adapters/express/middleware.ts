@@ -28,7 +28,8 @@
 // to it or when its decision arrives, is dropped: no headers, no answer,
 // no `next()` (the handler does not run for an answered request). Tokens it
 // spent stay spent (the cost of a request that was answered); a reservation
-// is still settled once the response is finished. Its waiter slot is held
+// is still settled once the response is finished, or at once when its
+// client is gone (the response closes unfinished; lib/http/holds.ts). Its waiter slot is held
 // to the end of its wait: the tokens were reserved when the wait began, so
 // freeing the slot early would change no bucket, and the wait is bounded by
 // `maxWaitMs`. Errors still go to `next(err)`, Express's error handling
@@ -48,6 +49,7 @@ import { APP_BUCKET, MAX_NAMES, registry } from './limits.js'
 import { RoutePatterns } from './routes.js'
 import { isFunction, outageSummaryMs, warnings } from '../../core/options.js'
 import { BAD_INPUT } from '../../http/request.js'
+import { whenEnded } from '../../http/holds.js'
 import { badInput } from '../../http/registry.js'
 import { trustsAll, type Trust } from '../../http/proxy.js'
 import type { Identity } from '../../http/kit.js'
@@ -117,13 +119,11 @@ const HOOKS: MiddlewareHooks<Request, Response, NextFunction, void, DeniedHandle
   dropsUndecided: true,
   setHeader: (res, name, value) => { res.setHeader(name, value) },
   show: (res, decision) => { res.req.rateLimit = decision },
-  onFinish: (res, then) => {
-    if (res.writableFinished) then()
-    else res.once('finish', then)
+  onEnd: (res, then) => {
+    whenEnded(res, (how) => { then({ how, response: res }) })
   },
-  response: (res) => res,
-  pass: (_res, next, settle) => {
-    settle?.()
+  pass: (_res, next, listen) => {
+    listen?.()
     next()
   },
   drop: () => undefined,

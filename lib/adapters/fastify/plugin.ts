@@ -25,9 +25,10 @@
 // when its decision arrives, as on Express and Hono: the reply is
 // hijacked, so Fastify runs no further hook and no handler, and sends
 // nothing (no client would read it). Tokens it spent stay spent; a
-// reservation is settled at once, since its response never finishes (no
-// onResponse hook runs for it). The raw response tells: Node destroys it
-// with its connection.
+// reservation is settled at once, since its response never finishes. The
+// raw response tells: Node destroys it with its connection. What a request
+// holds (lib/http/holds.ts) is released when its raw response ends, sent
+// or closed first, whichever hook ran its check.
 //
 // Shutdown. preClose ends the waits, and from then on every answer
 // tollgate gives (denials, and the headers of passed requests) says
@@ -51,7 +52,7 @@ import { PROBE_HOPS, STORE_CHECKS, trustsEveryHop } from '../../http/setup.js'
 import { BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, routeWide, type Defaults, type Dialect, type RouteLimit } from '../../http/route.js'
 import { programmatic } from '../../http/instance.js'
 import { parseOptions, requestLayer, startInstance, type Identity } from '../../http/kit.js'
-import { RESERVATION, takeReservation } from '../../http/settle-route.js'
+import { HOLDS, whenEnded } from '../../http/holds.js'
 import type { ProgrammaticPolicy, TollgateDecorator, TollgateOptions } from './types.js'
 
 const kChecked = Symbol('tollgate.checked')
@@ -110,7 +111,6 @@ type Done = (err?: Error) => void
 type Check = (limit: FastifyLimit, request: Checked, reply: FastifyReply, done: Done) => void
 /** A route's limit from its method, URL and `config.rateLimit`; null: not limited. */
 type LimitOf = (method: string | string[], url: string, config: unknown) => FastifyLimit | null
-type SettleWhenSent = (request: FastifyRequest, reply: FastifyReply) => void
 type GateRequest = FastifyRequest & { [kPending]?: FastifyLimit }
 
 async function tollgate (app: FastifyInstance, options: TollgateOptions): Promise<void> {
@@ -122,8 +122,8 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
 
   decorate(app, programmatic<ProgrammaticPolicy>(core, defaults, 'fastify'))
   const layer = requestLayer(core, options, app.log, IDENTITY)
-  const check = checker(layer, options.unavailable === 'throw')
-  const settling = settlement(layer)
+  const hooked = new WeakSet<FastifyLimit>()
+  const check = checker(layer, options.unavailable === 'throw', hooked)
   const limitOf = routeLimits(defaults, global)
   const notFound = notFoundLimit(options.notFound, global, defaults, app)
 
@@ -134,9 +134,11 @@ async function tollgate (app: FastifyInstance, options: TollgateOptions): Promis
     const limit = limitOf(route.method, route.url, config)
     if (limit === null) return
     appendHook(route, limit.hook, routeHook(limit, check))
-    if (limit.settle !== undefined) appendHook(route, 'onResponse', settling.hook)
+    if (limit.settle === undefined) return
+    appendHook(route, 'onResponse', onResponse(layer))
+    hooked.add(limit)
   })
-  gate(app, limitOf, notFound, check, settling.whenSent)
+  gate(app, limitOf, notFound, check)
 
   // Fastify waits for the requests in flight before it runs its onClose
   // hooks, and a request waiting for its tokens (`maxWaitMs`) is in flight:
@@ -159,7 +161,7 @@ function decorate (app: FastifyInstance, decorator: TollgateDecorator): void {
   app.decorate('tollgate', decorator)
   app.decorateRequest('rateLimit', undefined)
   app.decorateRequest(kChecked, false)
-  app.decorateRequest(RESERVATION, undefined)
+  app.decorateRequest(HOLDS, undefined)
 }
 
 /**
@@ -189,34 +191,21 @@ const IDENTITY: Identity<FastifyRequest> = {
 }
 
 /**
- * Charging by outcome: a request holding a reservation settles it once
- * the response is sent, in an onResponse hook of its route only (an
- * instance-wide onResponse hook would cost every request of the app its
- * response listeners). A route the gate compiles gets no route hook: its
- * settlement listens to the response itself.
+ * A settling route's onResponse hook: a sent response releases what the
+ * request holds there, and Fastify waits for it before the route's later
+ * onResponse hooks. Only on such a route (an instance-wide onResponse hook
+ * would cost every request of the app its response listeners); a route the
+ * gate compiles listens to its raw response instead (checker).
  */
-function settlement (layer: RequestLayer<FastifyRequest>): { hook: onResponseHookHandler, whenSent: SettleWhenSent } {
-  function hook (request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void): void {
-    const pending = takeReservation(request)
-    if (pending === undefined) return done()
-    layer.settle(pending, request, reply).then(() => { done() }, done)
+function onResponse (layer: RequestLayer<FastifyRequest>): onResponseHookHandler {
+  return function tollgateEnded (request, reply, done) {
+    if (!layer.holding(request)) return done()
+    void layer.ended(request, { how: 'finished', response: reply }).then(() => { done() })
   }
-  function whenSent (request: FastifyRequest, reply: FastifyReply): void {
-    const res = reply.raw
-    const sent = (): void => {
-      res.removeListener('finish', sent)
-      res.removeListener('error', sent)
-      const pending = takeReservation(request)
-      if (pending !== undefined) void layer.settle(pending, request, reply)
-    }
-    res.on('finish', sent)
-    res.on('error', sent)
-  }
-  return { hook, whenSent }
 }
 
 /** The gate: routes onRoute did not see, and 404s (see the top of this file). */
-function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | null, check: Check, settleWhenSent: SettleWhenSent): void {
+function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | null, check: Check): void {
   const late = new WeakMap<object, FastifyLimit | null | Error>()
   function unseen (request: FastifyRequest): FastifyLimit | null {
     if (request.is404) return notFound
@@ -235,10 +224,6 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
     if (limit instanceof Error) throw limit
     return limit
   }
-  function gateCheck (limit: FastifyLimit, request: FastifyRequest, reply: FastifyReply, done: Done): void {
-    if (limit.settle !== undefined) settleWhenSent(request, reply)
-    check(limit, request, reply, done)
-  }
   app.decorateRequest(kPending, undefined)
   app.addHook('onRequest', function tollgateGate (request: GateRequest, reply, done) {
     const limit = unseen(request)
@@ -247,12 +232,12 @@ function gate (app: FastifyInstance, limitOf: LimitOf, notFound: FastifyLimit | 
       request[kPending] = limit
       return done()
     }
-    gateCheck(limit, request, reply, done)
+    check(limit, request, reply, done)
   })
   app.addHook('preHandler', function tollgatePendingGate (request: GateRequest, reply, done) {
     const limit = request[kPending]
     if (limit === undefined) return done()
-    gateCheck(limit, request, reply, done)
+    check(limit, request, reply, done)
   })
 }
 
@@ -330,17 +315,23 @@ const setHeader = (reply: FastifyReply, name: string, value: HeaderValue): void 
  * of an outage the limit handles as declared would be an error line. The
  * reply is the body that handler would send, byte for byte.
  */
-function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean): Check {
+function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean, hooked: WeakSet<FastifyLimit>): Check {
   /** Drops a request whose client has gone (see the top of this file); SENT: Fastify goes no further with it. */
-  function drop (request: FastifyRequest, reply: FastifyReply): typeof SENT {
+  function drop (reply: FastifyReply): typeof SENT {
     reply.hijack()
-    const pending = takeReservation(request)
-    if (pending !== undefined) void layer.settle(pending, request, reply)
     return SENT
   }
   /** What a decision makes of the request: undefined to go on, SENT when answered or dropped here, else the error to answer with. */
-  function conclude (decided: Decided<FastifyRequest> | undefined, request: Checked, reply: FastifyReply): Error | typeof SENT | undefined {
-    if (reply.raw.destroyed) return drop(request, reply)
+  function conclude (decided: Decided<FastifyRequest> | undefined, limit: FastifyLimit, request: Checked, reply: FastifyReply): Error | typeof SENT | undefined {
+    // What the request holds is released when the raw response ends: sent
+    // (unless the route's onResponse hook does it), or closed first (a
+    // client gone, for which no onResponse hook runs): at once for a
+    // request dropped here.
+    if (layer.holding(request)) {
+      const finishHooked = hooked.has(limit)
+      whenEnded(reply.raw, (how) => { if (how === 'gone' || !finishHooked) void layer.ended(request, { how, response: reply }) })
+    }
+    if (reply.raw.destroyed) return drop(reply)
     layer.closeConnection(reply, setHeader)
     if (decided === undefined) return undefined
     const { decision } = decided
@@ -356,12 +347,12 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
     if (request[kChecked] === true) return done()
     request[kChecked] = true
     if (reply.raw.destroyed) {
-      drop(request, reply)
+      drop(reply)
       return done()
     }
     // A failure of the decision or of its conclusion goes to `done`; what
     // Fastify runs after the hook is not taken for one.
-    layer.decide(limit, request).then((decided) => conclude(decided, request, reply)).then((outcome) => {
+    layer.decide(limit, request).then((decided) => conclude(decided, limit, request, reply)).then((outcome) => {
       if (outcome !== SENT) return done(outcome)
       // Fastify stops at a reply that has ended. One sent through an app's
       // async onSend hooks ends a microtask later: Fastify goes on then, as

@@ -37,9 +37,10 @@
 // Response it built itself gets them written onto it afterwards (one
 // header looked up tells which). The decision is `c.get('rateLimit')`.
 //
-// Settlement. A request that reserved settles when its response is
-// finished (the Node response's 'finish'), or, off the Node server, once
-// the handler's response is made.
+// Settlement. A request that reserved settles when it ends: its response
+// finished (the Node response's 'finish'), or its client gone (the Node
+// response closed unfinished), or, off the Node server, once the
+// handler's response is made (lib/http/holds.ts).
 //
 // The instance, `limit`, the start-up wait, the request path and the
 // shutdown are the middleware adapters' (lib/http/middleware.ts;
@@ -52,6 +53,7 @@ import { matchedRoutes } from 'hono/route'
 import { outageSummaryMs, warningOn, warnings } from '../../core/options.js'
 import { RateLimitError, type Programmatic } from '../../http/instance.js'
 import type { Identity } from '../../http/kit.js'
+import { whenEnded, type EndKind } from '../../http/holds.js'
 import { middlewareInstance, type MiddlewareHooks } from '../../http/middleware.js'
 import { clientAddress, compileTrust, trustProxyOption, trustsAll, type Trust, type TrustProxy } from '../../http/proxy.js'
 import { APP_BUCKET, MAX_NAMES, badInput, everyMethod, honoHandler, middlewareDialect, registry, type Routes } from '../../http/registry.js'
@@ -156,17 +158,18 @@ const HOOKS: MiddlewareHooks<Context, Context, Next, Response | undefined, HonoD
   dropsUndecided: false,
   setHeader,
   show: (c, decision) => { c.set('rateLimit', decision) },
-  onFinish: (c, then) => {
+  onEnd: (c, then) => {
     const outgoing = nodeResponse(c)
-    if (outgoing === undefined || outgoing.writableFinished) then()
-    else outgoing.once('finish', then)
+    const end = (how: EndKind): void => { then({ how, response: c.res }) }
+    // Off the Node server the handler's return is the end: the response is made, or the request was aborted.
+    if (outgoing === undefined) end(c.req.raw.signal.aborted ? 'gone' : 'finished')
+    else whenEnded(outgoing, end)
   },
-  response: (c) => c.res,
-  pass: async (c, next, settle, decided, closing) => {
+  pass: async (c, next, listen, decided, closing) => {
     const rewrite = decided === undefined ? undefined : rewriter(c, decided, closing)
     await next()
     rewrite?.()
-    settle?.()
+    listen?.()
     return undefined
   },
   drop: () => new Response(null, { status: CLIENT_GONE }),
