@@ -11,7 +11,7 @@
 import type { Core } from '../core/limiter.js'
 import type { Adapter } from '../core/migrating.js'
 import { programmaticPolicies, type Defaults, type NamedPolicy } from './route.js'
-import { denialBody, type Denial } from './request.js'
+import { denialBody, denialType, type Denial } from './request.js'
 import type { Decision, Limiter, Logger, Reservation } from '../core/types.js'
 
 /**
@@ -62,8 +62,10 @@ export class RateLimitError extends Error {
   readonly retryAfter: number
   /** The decision, also on the request. */
   readonly decision: Decision
-  /** The JSON body tollgate sends when there is no handler. */
+  /** The body tollgate sends when there is no handler: JSON, or problem details with `problemDetails`. */
   readonly body: string
+  /** The content type of `body`. */
+  readonly contentType: string
 
   constructor (denial: Denial, decision: Decision) {
     super(denial.message)
@@ -75,6 +77,7 @@ export class RateLimitError extends Error {
     this.retryAfter = denial.retryAfter
     this.decision = decision
     this.body = denialBody(denial)
+    this.contentType = denialType(denial)
   }
 }
 

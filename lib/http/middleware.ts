@@ -37,7 +37,7 @@ import type { End } from './holds.js'
 import { CONSOLE, RateLimitError, programmatic, startGate, type Programmatic } from './instance.js'
 import { parseOptions, requestLayer, startInstance, type Identity } from './kit.js'
 import type { LimitOf } from './registry.js'
-import { answer, denialBody, type Decided, type Denial, type RequestLayer } from './request.js'
+import { answer, denialBody, denialType, type Decided, type Denial, type RequestLayer } from './request.js'
 import type { Defaults, NamedPolicy, POLICY_CHECKS, RouteLimit } from './route.js'
 import { bucketOwner, firstTime } from './sharing.js'
 import type { MiddlewareFields } from './types.js'
@@ -77,8 +77,8 @@ export interface MiddlewareHooks<Req, Ctx, Next, Out, Handler, Args extends unkn
   drop(ctx: Ctx): Out
   /** Hands a denial to the app's handler. */
   handle(ctx: Ctx, next: Next, handler: Handler, error: RateLimitError): Out | Promise<Out>
-  /** Sends the JSON body of a denial. */
-  send(ctx: Ctx, denial: Denial, body: string): Out
+  /** Sends the body of a denial, of content type `type` (JSON, or problem details: lib/http/request.ts). */
+  send(ctx: Ctx, denial: Denial, body: string, type: string): Out
   /** A failure (a limit that cannot be compiled, a decision that threw) for the framework's error handling. */
   fail(next: Next, err: unknown): Out
   /** The framework's middleware around one check; `self` is that middleware. */
@@ -180,7 +180,7 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
     // dialect parsed it, taken at the type the adapter's options declare.
     const handler = decided.limit.handler as Handler | undefined
     if (handler !== undefined) return hooks.handle(ctx, next, handler, new RateLimitError(denial, decision))
-    return hooks.send(ctx, denial, denialBody(denial))
+    return hooks.send(ctx, denial, denialBody(denial), denialType(denial))
   }
   return { middleware, closing: () => { layer.close() } }
 }

@@ -83,7 +83,19 @@ export interface Denial {
   message: string
   /** Seconds, as sent in Retry-After. */
   retryAfter: number
+  /** Answered as RFC 9457 problem details (the route's `problemDetails`). */
+  problem: boolean
+  /** The buckets that denied (shadow ones never), the problem's `violated-policies`. */
+  violated: readonly string[]
 }
+
+/** The problem types of the rate-limit headers draft, per status (`problemDetails`). */
+const PROBLEM_TYPES = {
+  429: { type: 'https://iana.org/assignments/http-problem-types#quota-exceeded', title: 'Request cannot be satisfied as assigned quota has been exceeded' },
+  503: { type: 'https://iana.org/assignments/http-problem-types#temporary-reduced-capacity', title: 'Service temporarily unavailable at reduced capacity' }
+} as const
+const JSON_TYPE = 'application/json; charset=utf-8'
+const PROBLEM_TYPE = 'application/problem+json; charset=utf-8'
 
 /** A request's decision, and the limit it was made under (the client's plan, on a route with `limit`). */
 export interface Decided<Req> {
@@ -228,10 +240,20 @@ export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, targ
   if (decision.source === 'fail-closed') {
     const seconds = retrySeconds(decision.retryAfterMs)
     set(target, 'retry-after', seconds)
-    return denial(UNAVAILABLE, seconds)
+    return denial(UNAVAILABLE, seconds, limit, violated(decision, limit))
   }
   setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
-  return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs))
+  return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs), limit, violated(decision, limit))
+}
+
+/**
+ * The enforced buckets a denial names: with several policies, those whose
+ * own decision denied (a fail-closed outage denies them all); a shadow
+ * policy never, as the headers never show one.
+ */
+function violated<Req> (decision: Decision, limit: RouteLimit<Req>): string[] {
+  const each = decision.policies
+  return limit.policies.filter((p, i) => p.shadow !== true && (decision.source === 'fail-closed' || each === undefined || each[i]?.allowed === false)).map((p) => p.bucket)
 }
 
 /** The last header answer() wrote for a decision that passed: a response that carries it got them all; undefined when none was written. */
@@ -239,11 +261,22 @@ export function lastShown<Req> ({ limit, decision }: Decided<Req>): string | und
   return decision.source === 'fail-open' ? undefined : lastHeader(limit.headers)
 }
 
-function denial (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number): Denial {
-  return { statusCode: kind.statusCode, code: kind.code, error: kind.error, message: kind.message.replace('%s', String(seconds)), retryAfter: seconds }
+function denial<Req> (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number, limit: RouteLimit<Req>, buckets: readonly string[]): Denial {
+  const message = kind.message.replace('%s', String(seconds))
+  return { statusCode: kind.statusCode, code: kind.code, error: kind.error, message, retryAfter: seconds, problem: limit.problemDetails, violated: buckets }
 }
 
-/** The JSON body of a denial, as Fastify's default error handler writes it. */
+/**
+ * The body of a denial: the JSON Fastify's default error handler writes,
+ * or with `problemDetails` the RFC 9457 problem of the draft's type.
+ */
 export function denialBody (d: Denial): string {
-  return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
+  if (!d.problem) return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
+  const { type, title } = PROBLEM_TYPES[d.statusCode]
+  return JSON.stringify({ type, title, status: d.statusCode, detail: d.message, 'violated-policies': d.violated })
+}
+
+/** The content type of denialBody's body. */
+export function denialType (d: Denial): string {
+  return d.problem ? PROBLEM_TYPE : JSON_TYPE
 }

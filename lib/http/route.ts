@@ -14,7 +14,7 @@ import { optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
 import { CORE_POLICY_CHECKS, checkCost, checkPolicies, parsePolicy } from '../core/policy.js'
 import { checkCombination, policyFields } from '../core/policy-fields.js'
-import { cost, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
+import { cost, isBoolean, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
 import { compileTiers, type LimitFunction, type Tiers } from './tiers.js'
@@ -30,20 +30,21 @@ export const POLICY_CHECKS = {
   cost,
   key: isFunction,
   headers: headerMode,
+  problemDetails: isBoolean,
   allow: isFunction,
   limit: planFunction,
   settle: isFunction
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
-export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'allow', 'settle']
+export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'problemDetails', 'allow', 'settle']
 
 /**
  * Settings that only a route has, refused in a programmatic policy. Its plans
  * (`limit`) are left to the unknown-option error, which tells tollgate's
  * function from express-rate-limit's number (lib/core/migrating.ts).
  */
-const ROUTE_ONLY = ['key', 'headers', 'hook', 'allow', 'settle']
+const ROUTE_ONLY = ['key', 'headers', 'problemDetails', 'hook', 'allow', 'settle']
 
 /**
  * The names a programmatic policy may have: a route's policy but for its
@@ -96,6 +97,8 @@ export interface RouteLimit<Req> {
   allow: RequestFn<Req, boolean> | undefined
   headers: HeaderMode
   policyHeaders: PolicyHeaders
+  /** Denials are answered as RFC 9457 problem details (default false). */
+  problemDetails: boolean
   /** The per-client plans of the route's policies (lib/http/tiers.ts), if any has a `limit`. */
   tiers: Tiers<Req, RouteLimit<Req>> | undefined
   /** Charging by outcome (lib/http/settle-route.ts): the actual cost, from the request and the response. */
@@ -164,6 +167,7 @@ export function compileRoute<Req> (
     allow: declared<RequestFn<Req, boolean>>(routeWide(entries, defaults, 'allow')),
     headers: shown.length === 0 ? false : routeWide(entries, defaults, 'headers') ?? 'draft-6',
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
+    problemDetails: routeWide(entries, defaults, 'problemDetails') ?? false,
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
     settle,
     fields: entries,

@@ -53,6 +53,8 @@ export interface PolicyFields<Req, Settled extends readonly unknown[]> extends C
   bucket?: string | undefined
   /** Which rate-limit headers to send (default 'draft-6'). */
   headers?: HeaderMode | undefined
+  /** Answers the 429 and the fail-closed 503 as `application/problem+json` (RFC 9457; default false). */
+  problemDetails?: boolean | undefined
   /** Requests for which it returns true skip the limiter. */
   allow?(request: Req): boolean | Promise<boolean>
   /**

@@ -135,9 +135,9 @@ const HOOKS: MiddlewareHooks<Request, Response, NextFunction, void, DeniedHandle
       next(err)
     }
   },
-  send: (res, denial, body) => {
+  send: (res, denial, body, type) => {
     res.statusCode = denial.statusCode
-    res.setHeader('content-type', 'application/json; charset=utf-8')
+    res.setHeader('content-type', type)
     res.end(body)
   },
   fail: (next, err) => { next(err) },

@@ -47,7 +47,7 @@ import { optionError } from '../../core/errors.js'
 import type { HeaderValue } from '../../http/headers.js'
 import { BadRequestInputError, RateLimitedError, UnavailableError } from './errors.js'
 import { HOOKS, isBoolean, isRecord, oneOf, outageSummaryMs, warnings } from '../../core/options.js'
-import { RequestLayer, answer, denialBody, type Decided, type Denial } from '../../http/request.js'
+import { RequestLayer, answer, denialBody, denialType, type Decided, type Denial } from '../../http/request.js'
 import { PROBE_HOPS, STORE_CHECKS, trustsEveryHop } from '../../http/setup.js'
 import { BASE_DIALECT, POLICY_CHECKS, ROUTE_WIDE, compileRoute, routeName, routeWide, type Defaults, type Dialect, type RouteLimit } from '../../http/route.js'
 import { programmatic } from '../../http/instance.js'
@@ -313,7 +313,9 @@ const setHeader = (reply: FastifyReply, name: string, value: HeaderValue): void 
  * reply, unless `throwUnavailable`. Fastify's default error handler logs
  * every error whose status is 500 or more at error level: thrown, each 503
  * of an outage the limit handles as declared would be an error line. The
- * reply is the body that handler would send, byte for byte.
+ * reply is the body that handler would send, byte for byte. With
+ * `problemDetails`, whose body that handler cannot write, the 429 is sent
+ * as a reply too; `unavailable: 'throw'` hands both to the error handler.
  */
 function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean, hooked: WeakSet<FastifyLimit>): Check {
   /** Drops a request whose client has gone (see the top of this file); SENT: Fastify goes no further with it. */
@@ -338,9 +340,10 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
     request.rateLimit = decision
     const denial = answer(decided.limit, decision, reply, setHeader)
     if (denial === undefined) return undefined
-    if (denial.statusCode === 429) return new RateLimitedError(denial.retryAfter)
-    if (throwUnavailable) return new UnavailableError(denial.retryAfter)
-    sendUnavailable(reply, denial)
+    if (throwUnavailable) return denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
+    // Fastify's default error handler writes only its own JSON: a problem is sent as a reply.
+    if (denial.statusCode === 429 && !denial.problem) return new RateLimitedError(denial.retryAfter)
+    sendDenial(reply, denial)
     return SENT
   }
   return function check (limit, request, reply, done) {
@@ -362,8 +365,8 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
   }
 }
 
-function sendUnavailable (reply: FastifyReply, denial: Denial): void {
-  reply.code(denial.statusCode).type('application/json; charset=utf-8').send(denialBody(denial))
+function sendDenial (reply: FastifyReply, denial: Denial): void {
+  reply.code(denial.statusCode).type(denialType(denial)).send(denialBody(denial))
 }
 
 function alreadyRegistered (): Error {

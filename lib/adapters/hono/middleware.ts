@@ -174,7 +174,7 @@ const HOOKS: MiddlewareHooks<Context, Context, Next, Response | undefined, HonoD
   },
   drop: () => new Response(null, { status: CLIENT_GONE }),
   handle: async (c, _next, handler, error) => await handler(c, error),
-  send: (c, denial, body) => c.body(body, denial.statusCode, { 'content-type': 'application/json; charset=utf-8' }),
+  send: (c, denial, body, type) => c.body(body, denial.statusCode, { 'content-type': type }),
   fail: (_next, err) => { throw err },
   wrap: (run) => async function tollgate (c, next) { return await run(c, next, tollgate) },
   // Hono's call (c, next), at the types the overloads of RateLimit state.
