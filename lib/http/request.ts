@@ -83,16 +83,19 @@ export interface Denial {
   message: string
   /** Seconds, as sent in Retry-After. */
   retryAfter: number
-  /** Answered as RFC 9457 problem details (the route's `problemDetails`). */
-  problem: boolean
-  /** The buckets that denied (shadow ones never), the problem's `violated-policies`. */
-  violated: readonly string[]
+  /**
+   * Only with the route's `problemDetails`, which answers with RFC 9457
+   * problem details: the buckets that denied (shadow ones never), the
+   * problem's `violated-policies`. Absent otherwise, so the denial is the
+   * same data as without the option.
+   */
+  violated?: readonly string[]
 }
 
 /** The problem types of the rate-limit headers draft, per status (`problemDetails`). */
 const PROBLEM_TYPES = {
-  429: { type: 'https://iana.org/assignments/http-problem-types#quota-exceeded', title: 'Request cannot be satisfied as assigned quota has been exceeded' },
-  503: { type: 'https://iana.org/assignments/http-problem-types#temporary-reduced-capacity', title: 'Service temporarily unavailable at reduced capacity' }
+  429: { type: 'https://iana.org/assignments/http-problem-types#quota-exceeded', title: 'Rate limit exceeded' },
+  503: { type: 'https://iana.org/assignments/http-problem-types#temporary-reduced-capacity', title: 'Rate limiter unavailable' }
 } as const
 const JSON_TYPE = 'application/json; charset=utf-8'
 const PROBLEM_TYPE = 'application/problem+json; charset=utf-8'
@@ -240,10 +243,10 @@ export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, targ
   if (decision.source === 'fail-closed') {
     const seconds = retrySeconds(decision.retryAfterMs)
     set(target, 'retry-after', seconds)
-    return denial(UNAVAILABLE, seconds, limit, violated(decision, limit))
+    return denial(UNAVAILABLE, seconds, limit, decision)
   }
   setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
-  return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs), limit, violated(decision, limit))
+  return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs), limit, decision)
 }
 
 /**
@@ -261,9 +264,10 @@ export function lastShown<Req> ({ limit, decision }: Decided<Req>): string | und
   return decision.source === 'fail-open' ? undefined : lastHeader(limit.headers)
 }
 
-function denial<Req> (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number, limit: RouteLimit<Req>, buckets: readonly string[]): Denial {
-  const message = kind.message.replace('%s', String(seconds))
-  return { statusCode: kind.statusCode, code: kind.code, error: kind.error, message, retryAfter: seconds, problem: limit.problemDetails, violated: buckets }
+function denial<Req> (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: number, limit: RouteLimit<Req>, decision: Decision): Denial {
+  const d: Denial = { statusCode: kind.statusCode, code: kind.code, error: kind.error, message: kind.message.replace('%s', String(seconds)), retryAfter: seconds }
+  if (limit.problemDetails) d.violated = violated(decision, limit)
+  return d
 }
 
 /**
@@ -271,12 +275,12 @@ function denial<Req> (kind: typeof RATE_LIMITED | typeof UNAVAILABLE, seconds: n
  * or with `problemDetails` the RFC 9457 problem of the draft's type.
  */
 export function denialBody (d: Denial): string {
-  if (!d.problem) return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
+  if (d.violated === undefined) return JSON.stringify({ statusCode: d.statusCode, code: d.code, error: d.error, message: d.message })
   const { type, title } = PROBLEM_TYPES[d.statusCode]
   return JSON.stringify({ type, title, status: d.statusCode, detail: d.message, 'violated-policies': d.violated })
 }
 
 /** The content type of denialBody's body. */
 export function denialType (d: Denial): string {
-  return d.problem ? PROBLEM_TYPE : JSON_TYPE
+  return d.violated === undefined ? JSON_TYPE : PROBLEM_TYPE
 }

@@ -342,7 +342,7 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
     if (denial === undefined) return undefined
     if (throwUnavailable) return denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
     // Fastify's default error handler writes only its own JSON: a problem is sent as a reply.
-    if (denial.statusCode === 429 && !denial.problem) return new RateLimitedError(denial.retryAfter)
+    if (denial.statusCode === 429 && denial.violated === undefined) return new RateLimitedError(denial.retryAfter)
     sendDenial(reply, denial)
     return SENT
   }
