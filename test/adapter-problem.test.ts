@@ -9,7 +9,9 @@
 import t, { type Test } from 'tap'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import { ADAPTERS, EXPRESS4, type AdapterRow, type RouteSpec, type SharedOptions } from './helpers/adapters.js'
-import type { Answer } from './helpers/express.js'
+import express from 'express'
+import { listen, type Answer } from './helpers/express.js'
+import { rateLimit } from '../lib/express.js'
 import { faultClient, ownServer } from './helpers/load.js'
 import type { RedisServer } from './helpers/redis.js'
 
@@ -138,6 +140,20 @@ for (const row of rows) {
     t.test('a bad value: a coded TypeError naming the option', (t) => badValue(t, row))
   })
 }
+
+t.test('a handler can send the problem itself: the error carries its body and content type', async (t) => {
+  const limit = rateLimit({
+    capacity: 1, refillPerSecond: 0.01, failureMode: 'open', problemDetails: true, logger: { warn: () => {}, info: () => {}, error: () => {} },
+    handler: (_req, res, _next, err) => { res.status(err.status).set('x-answered-by', 'app').type(err.contentType).send(err.body) }
+  })
+  t.teardown(() => limit.close())
+  const app = express()
+  app.get('/pay', limit(), (_req, res) => { res.json({}) })
+  const { statuses, last } = await ask(await listen(t, app), '/pay', 2)
+  t.same(statuses, [200, 429])
+  t.equal(last.headers['x-answered-by'], 'app')
+  t.equal(`${last.headers['content-type'] ?? ''}\n${last.body}`, sent.get('one policy')?.get('express 5'), 'the bytes tollgate sends itself')
+})
 
 t.test('every adapter sends the same bytes, content type included', async (t) => {
   t.same([...sent.keys()], ['one policy', 'several policies, one denied', 'several policies, all denied', 'fail-closed 503'])
