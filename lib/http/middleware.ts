@@ -11,7 +11,8 @@
 // and its handler does not run (each adapter's guide says what its
 // framework does then). Otherwise the headers are written, and the request
 // goes on to its handler, or its denial goes to the `handler` of its limit
-// (or of the options), else the JSON body of the 429 or 503 is sent. What
+// (or of the options), else the body of the 429 or 503 is sent (JSON, or
+// problem details with `problemDetails`). What
 // the request holds (a reservation) is released once it ends, whether its
 // response finished or its client left (lib/http/holds.ts): the adapter's
 // end signal is listened for only for a request that holds something.

@@ -18,7 +18,8 @@
 //            adapter listens for only when `holding` says the request does;
 //   answer   answer(): the headers, written through the adapter's sink, and
 //            the denial (429, or 503 when a closed limit cannot reach Redis)
-//            as data; denialBody() is its JSON body;
+//            as data; denialBody() is its body (JSON, or RFC 9457 problem
+//            details with `problemDetails`) and denialType() its type;
 //   close    RequestLayer.close, at the instance's shutdown: from then on
 //            every answer says `Connection: close` (closeConnection), since
 //            Node's server.close() waits for the keep-alive connections
