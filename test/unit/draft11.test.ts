@@ -9,7 +9,7 @@
 import t from 'tap'
 import { parseItem, parseList, type Item } from 'structured-headers'
 import { createCore } from '../../lib/core/limiter.js'
-import { PolicyHeaders, headerPairs, type HeaderMode } from '../../lib/http/headers.js'
+import { MAX_HEADER_INTEGER, PolicyHeaders, headerPairs, type HeaderMode } from '../../lib/http/headers.js'
 import type { Decision, Policy } from '../../lib/core/types.js'
 import { ReferenceBucket, randomSource } from '../helpers/model.js'
 import { FakeTime } from './helpers/fake-time.js'
@@ -121,4 +121,24 @@ async function sequence (t: Test, seed: number): Promise<void> {
 
 t.test('draft-11 against the reference bucket, every mode parsed, over random sequences', async (t) => {
   for (let seed = 1; seed <= 40; seed++) await sequence(t, seed)
+})
+
+t.test('draft-11 with several policies, the local fallback, and a bucket the headers do not know', async (t) => {
+  const time = new FakeTime()
+  const { limiter } = createCore({}, { time })
+  t.teardown(() => limiter.close())
+  const burst: Policy = { bucket: 'burst', capacity: 2, refillPerSecond: 1, failureMode: 'open' }
+  const day: Policy = { bucket: 'day', capacity: 10, refillPerSecond: 0.001, failureMode: 'open' }
+  const decision = await limiter.consume('c', [burst, day])
+  const both = new PolicyHeaders([burst, day], [])
+  t.same(headerPairs('draft-11', decision, both), [
+    ['ratelimit-policy', '"burst";q=2;w=2, "day";q=10;w=10000'],
+    ['ratelimit', '"burst";r=1;t=1, "day";r=9;t=9000']
+  ], 'every policy, each t from its own refill')
+  const local: Decision = { allowed: true, limit: 2, remaining: 1, resetMs: 2000, retryAfterMs: 0, source: 'local', bucket: 'h' }
+  const shapes = new PolicyHeaders([{ bucket: 'h', capacity: 100, refillPerSecond: 100 }], [{ bucket: 'h', capacity: 2, refillPerSecond: 0.5 }])
+  t.same(headerPairs('draft-11', local, shapes)[1], ['ratelimit', '"h";r=1;t=2'], 'a local decision: t from the local refill (0.5/s), not the store policy\'s')
+  const stranger: Decision = { ...local, source: 'store' }
+  t.same(headerPairs('draft-11', stranger, new PolicyHeaders([], []))[1], ['ratelimit', `"h";r=1;t=${MAX_HEADER_INTEGER}`],
+    'an unknown refill states the longest window, never a short made-up one')
 })
