@@ -22,7 +22,7 @@ import { freePort, redisUrl } from './helpers/redis.js'
 
 await redisUrl(t)
 
-type Mode = 'draft-6' | 'draft-10' | 'legacy' | false
+type Mode = 'draft-6' | 'draft-10' | 'draft-11' | 'legacy' | false
 /** A tap test object, as passed to a t.test callback. */
 type TapTest = Parameters<Parameters<typeof t.test>[0]>[0]
 
@@ -105,23 +105,41 @@ t.test("'draft-6'", async (t) => {
   }
 })
 
-t.test("'draft-10'", async (t) => {
-  const { app } = await modeApp(t, 'draft-10')
-  const [a, b, c, denied] = await fourRequests(t, app) as [LightMyRequestResponse, LightMyRequestResponse, LightMyRequestResponse, LightMyRequestResponse]
+/**
+ * A list mode's four answers: per allowed answer its headers and the (r, t)
+ * of `rows`; on the 429, r=0 and t equal to Retry-After. Returns the answers.
+ */
+async function listMode (t: TapTest, mode: 'draft-10' | 'draft-11', rows: ReadonlyArray<readonly [number, number]>): Promise<LightMyRequestResponse[]> {
+  const { app } = await modeApp(t, mode)
+  const answers = await fourRequests(t, app)
+  const denied = answers[3] as LightMyRequestResponse
   const policy = [['GET /x', { q: 5, w: 3 }]]
-  for (const [res, r, reset] of [[a, 3, 1], [b, 2, 2], [c, 0, 3]] as const) {
+  rows.forEach(([r, window], i) => {
+    const res = answers[i] as LightMyRequestResponse
     t.same(Object.keys(rateHeaders(res)).sort(), ['ratelimit', 'ratelimit-policy'])
     t.same(parsed(res.headers['ratelimit-policy'] as string), policy)
-    t.same(parsed(res.headers.ratelimit as string), [['GET /x', { r, t: reset }]])
-    const d = res.json<Decision>()
-    t.same(parsed(res.headers.ratelimit as string), [['GET /x', { r: formula.remaining(d), t: formula.reset(d) }]])
-  }
+    t.same(parsed(res.headers.ratelimit as string), [['GET /x', { r, t: window }]])
+  })
   t.equal(denied.statusCode, 429)
   t.same(Object.keys(rateHeaders(denied)).sort(), ['ratelimit', 'ratelimit-policy', 'retry-after'])
   t.equal(denied.headers['retry-after'], '1')
   t.same(parsed(denied.headers['ratelimit-policy'] as string), policy)
   t.same(parsed(denied.headers.ratelimit as string), [['GET /x', { r: 0, t: 1 }]], 't equals retry on a 429')
   t.same(parseItem(denied.headers['retry-after'] as string)[0], 1, 'Retry-After is a plain integer')
+  return answers
+}
+
+t.test("'draft-10'", async (t) => {
+  const answers = await listMode(t, 'draft-10', [[3, 1], [2, 2], [0, 3]])
+  for (const res of answers.slice(0, 3)) {
+    const d = res.json<Decision>()
+    t.same(parsed(res.headers.ratelimit as string), [['GET /x', { r: formula.remaining(d), t: formula.reset(d) }]])
+  }
+})
+
+// draft-11: r as draft-10's; t the effective window, ceil(max(r, 1) / 2): 2, 1, 1; on the 429 the retry.
+t.test("'draft-11'", async (t) => {
+  await listMode(t, 'draft-11', [[3, 2], [2, 1], [0, 1]])
 })
 
 t.test("'legacy'", async (t) => {

@@ -223,7 +223,7 @@ const HINTS: Record<string, Hint> = {
   skipOnError: { value: false, from: FRL, all: /use `failureMode`: 'closed'/ },
   nameSpace: { value: 'rl-', from: FRL, all: /use `prefix`/ },
   groupId: { value: 'g', from: FRL, all: /use `bucket` \(routes naming one bucket share it\)/ },
-  addHeaders: { value: {}, from: FRL, all: /use `headers`: 'draft-6', 'draft-10', 'legacy' or false/, core: NO_HEADERS },
+  addHeaders: { value: {}, from: FRL, all: /use `headers`: 'draft-6', 'draft-10', 'draft-11', 'legacy' or false/, core: NO_HEADERS },
   addHeadersOnExceeding: { value: {}, from: FRL, all: /use `headers`/, core: NO_HEADERS },
   enableDraftSpec: { value: true, from: FRL, all: /use `headers`: 'draft-6' \(the ratelimit-\* headers\)/, core: NO_HEADERS },
   errorResponseBuilder: { value: () => ({}), from: FRL, ...ANSWER },
@@ -315,7 +315,7 @@ t.test('every foreign name: the library, as the adapter reads it, the replacemen
 t.test("tollgate's own names that express-rate-limit uses otherwise: `limit: 100`, `headers: true` and draft-7/8", async (t) => {
   const valueCases: Array<[string, unknown, RegExp]> = [
     ['limit', 100, /`[^`]*limit` must be a function \(request\) => \{ capacity, refillPerSecond \} or false, the plan of each request, got 100: a number is express-rate-limit's `limit` \(requests per windowMs\): use `capacity` \(the burst\) and `refillPerSecond` \(limit \/ seconds of windowMs\) \(see "Migrating from express-rate-limit"/],
-    ['headers', true, /`[^`]*headers` must be one of "draft-6", "draft-10", "legacy", false, got true: true is express-rate-limit's old `headers` \(its legacyHeaders\): use 'legacy'/],
+    ['headers', true, /`[^`]*headers` must be one of "draft-6", "draft-10", "draft-11", "legacy", false, got true: true is express-rate-limit's old `headers` \(its legacyHeaders\): use 'legacy'/],
     ['headers', 'draft-7', /got "draft-7": 'draft-7' is express-rate-limit's standardHeaders: use 'draft-6' or 'draft-10': tollgate has no draft-7 mode/],
     ['headers', 'draft-8', /got "draft-8": 'draft-8' is express-rate-limit's standardHeaders: use 'draft-10': the same RateLimit and RateLimit-Policy lists/]
   ]
@@ -335,7 +335,7 @@ t.test("tollgate's own names that express-rate-limit uses otherwise: `limit: 100
   t.match(await PLACES[6]?.error('headers', true), { message: /unknown option `headers`: that is an option of express-rate-limit; tollgate has no such option: the core sends no headers/ })
   // A plan function and the modes themselves are still accepted.
   t.equal(await PLACES[0]?.error('limit', () => false), undefined, 'a plan function registers')
-  for (const mode of ['draft-6', 'draft-10', 'legacy', false]) t.equal(await PLACES[1]?.error('headers', mode), undefined, `headers: ${String(mode)}`)
+  for (const mode of ['draft-6', 'draft-10', 'draft-11', 'legacy', false]) t.equal(await PLACES[1]?.error('headers', mode), undefined, `headers: ${String(mode)}`)
 })
 
 t.test('values read as their library meant them: standardHeaders, legacyHeaders, passOnStoreError, skipOnError', async (t) => {
@@ -345,7 +345,7 @@ t.test('values read as their library meant them: standardHeaders, legacyHeaders,
     ['standardHeaders', 'draft-6', /use `headers`: 'draft-6'/],
     ['standardHeaders', 'draft-7', /use `headers`: 'draft-6' or 'draft-10': tollgate has no draft-7 mode/],
     ['standardHeaders', false, /use `headers`: 'legacy' for the X-RateLimit-\* headers express-rate-limit sends by default, or false for none/],
-    ['standardHeaders', 'draft-9', /use `headers`: 'draft-6', 'draft-10', 'legacy' or false/],
+    ['standardHeaders', 'draft-9', /use `headers`: 'draft-6', 'draft-10', 'draft-11', 'legacy' or false/],
     ['legacyHeaders', false, /tollgate has no such option: the X-RateLimit-\* headers are sent only with `headers`: 'legacy'/],
     ['passOnStoreError', false, /use `failureMode`: 'closed'/],
     ['passOnStoreError', 'yes', /use `failureMode`: 'open' \(for true\) or 'closed' \(for false\)/],

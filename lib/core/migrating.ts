@@ -148,11 +148,11 @@ function standardMode (value: unknown): string {
   if (value === 'draft-7') return DRAFT_7
   if (value === 'draft-8') return DRAFT_8
   if (value === false) return "'legacy' for the X-RateLimit-* headers express-rate-limit sends by default, or false for none"
-  return "'draft-6', 'draft-10', 'legacy' or false"
+  return "'draft-6', 'draft-10', 'draft-11', 'legacy' or false"
 }
 
 const DRAFT_7 = "'draft-6' or 'draft-10': tollgate has no draft-7 mode (one `RateLimit: limit=, remaining=, reset=` field); 'draft-6' sends the same RateLimit-Policy and the same numbers as RateLimit-Limit, -Remaining and -Reset, 'draft-10' the newer RateLimit list"
-const DRAFT_8 = "'draft-10': the same RateLimit and RateLimit-Policy lists (\"name\";r=..;t=.. and \"name\";q=..;w=..), named by the bucket, without the partition key pk"
+const DRAFT_8 = "'draft-10': the same RateLimit and RateLimit-Policy lists (\"name\";r=..;t=.. and \"name\";q=..;w=..), named by the bucket, without the partition key pk; 'draft-11' sends the same lists with t the effective window of the available quota"
 
 const FASTIFY_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>([
   ['max', (at) => bucketOf(at, 'max', 'timeWindow')],
@@ -162,8 +162,8 @@ const FASTIFY_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>(
   ['skipOnError', (at, value) => failureOf(at, value)],
   ['nameSpace', (at) => at.opt('prefix')],
   ['groupId', (at) => `${at.opt('bucket')} (routes naming one bucket share it)`],
-  ['addHeaders', (at) => headersAs(at, "'draft-6', 'draft-10', 'legacy' or false")],
-  ['addHeadersOnExceeding', (at) => headersAs(at, "'draft-6', 'draft-10', 'legacy' or false")],
+  ['addHeaders', (at) => headersAs(at, "'draft-6', 'draft-10', 'draft-11', 'legacy' or false")],
+  ['addHeadersOnExceeding', (at) => headersAs(at, "'draft-6', 'draft-10', 'draft-11', 'legacy' or false")],
   ['enableDraftSpec', (at) => headersAs(at, "'draft-6' (the ratelimit-* headers) or 'draft-10'")],
   ['errorResponseBuilder', (at) => answering(at)],
   ['store', (at) => `${at.opt('redis')}, or nothing for the in-process store`],

@@ -10,7 +10,7 @@ import { hinted } from '../core/options.js'
 import type { Decision } from '../core/types.js'
 
 /** The header modes a route may set (`headers`); `false` sends none. */
-export const HEADER_MODES = ['draft-6', 'draft-10', 'legacy', false] as const
+export const HEADER_MODES = ['draft-6', 'draft-10', 'draft-11', 'legacy', false] as const
 
 export type HeaderMode = (typeof HEADER_MODES)[number]
 
@@ -89,18 +89,26 @@ export function sfString (text: string): string {
  */
 export class PolicyHeaders {
   readonly #single = new Map<string, string>()
+  readonly #rates = new Map<string, number>()
   readonly #list: string
   readonly #localList: string
 
   constructor (policies: readonly HeaderPolicy[], local: readonly HeaderPolicy[]) {
     for (const p of policies) this.#single.set(p.bucket, draft6Policy(p))
     for (const p of local) this.#single.set('\0' + p.bucket, draft6Policy(p))
+    for (const p of policies) this.#rates.set(p.bucket, p.refillPerSecond)
+    for (const p of local) this.#rates.set('\0' + p.bucket, p.refillPerSecond)
     this.#list = draft10List(policies)
     this.#localList = draft10List(local)
   }
 
   single (decision: Decision): string | undefined {
     return this.#single.get(decision.source === 'local' ? '\0' + decision.bucket : decision.bucket)
+  }
+
+  /** Tokens per second of the decision's bucket (always found, as `single`'s policy is). */
+  rate (decision: Decision): number {
+    return this.#rates.get(decision.source === 'local' ? '\0' + decision.bucket : decision.bucket) ?? 0
   }
 
   list (decision: Decision): string {
@@ -139,6 +147,9 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
       value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${remainingShown(d)};t=${t}`
     }
     set(target, 'ratelimit', value)
+  } else if (mode === 'draft-11') {
+    set(target, 'ratelimit-policy', policies.list(decision))
+    set(target, 'ratelimit', draft11Value(decision, policies))
   } else if (mode === 'legacy') {
     set(target, 'x-ratelimit-limit', limitShown(decision.limit))
     set(target, 'x-ratelimit-remaining', remainingShown(decision))
@@ -148,10 +159,34 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
 }
 
 /**
+ * draft-11's RateLimit list: per policy, `r` the whole tokens available now
+ * and `t` the effective window, the seconds the bucket takes to refill what
+ * the client may spend at once: ceil(max(r, 1) / refill), at least 1. A full
+ * bucket so states q within w, as the policy does; spending r at any pace
+ * within t never meets a denial, since those tokens are in the bucket now.
+ * On a denial t is the wait until the request's cost is available, the same
+ * number as Retry-After, which so never points before the stated window ends.
+ */
+function draft11Value (decision: Decision, policies: PolicyHeaders): string {
+  let value = ''
+  for (const d of decision.policies ?? [decision]) {
+    const r = remainingShown(d)
+    const t = d.retryAfterMs > 0 ? retrySeconds(d.retryAfterMs) : effectiveWindow(r, policies.rate(d))
+    value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${r};t=${t}`
+  }
+  return value
+}
+
+/** Seconds a bucket refilling `rate` tokens a second takes to gain max(r, 1) tokens: at least 1. */
+function effectiveWindow (r: number, rate: number): number {
+  return headerInteger(Math.max(1, Math.ceil(Math.max(r, 1) / rate)))
+}
+
+/**
  * Per mode, the last header setHeaders writes for an allowed decision: a
  * response that carries it got them all (`false` writes none).
  */
-const LAST_HEADER: Readonly<Record<string, string>> = { 'draft-6': 'ratelimit-policy', 'draft-10': 'ratelimit', legacy: 'x-ratelimit-reset' }
+const LAST_HEADER: Readonly<Record<string, string>> = { 'draft-6': 'ratelimit-policy', 'draft-10': 'ratelimit', 'draft-11': 'ratelimit', legacy: 'x-ratelimit-reset' }
 
 /** The last header setHeaders writes in `mode` for an allowed decision; undefined when it writes none. */
 export function lastHeader (mode: HeaderMode): string | undefined {

@@ -51,7 +51,7 @@ export interface PolicyFields<Req, Settled extends readonly unknown[]> extends C
   key?(request: Req): string | Promise<string>
   /** Bucket name; limits naming the same bucket share it (default: the method and route pattern, see the adapter's guide). */
   bucket?: string | undefined
-  /** Which rate-limit headers to send (default 'draft-6'). */
+  /** Which rate-limit headers to send (default 'draft-6'; 'draft-11': RateLimit with `t` the effective window). */
   headers?: HeaderMode | undefined
   /** Answers the 429 and the fail-closed 503 as `application/problem+json` (RFC 9457; default false). */
   problemDetails?: boolean | undefined
