@@ -64,7 +64,7 @@ t.test('invalid plugin options', async (t) => {
     ['ipv6Subnet fractional', { ...base, ipv6Subnet: 56.5 }, { name: 'ipv6Subnet', got: '56.5' }],
     ['ipv6Subnet a string', { ...base, ipv6Subnet: '56' }, { name: 'ipv6Subnet', got: '"56"' }],
     ['ipv6Subnet NaN', { ...base, ipv6Subnet: NaN }, { name: 'ipv6Subnet', got: 'NaN' }],
-    ['headers unknown', { ...base, headers: 'draft-7' }, { name: 'headers', got: '"draft-7"', expect: /one of ["']draft-6["'], ["']draft-10["'], ["']legacy["'], false/ }],
+    ['headers unknown', { ...base, headers: 'draft-7' }, { name: 'headers', got: '"draft-7"', expect: /one of ["']draft-6["'], ["']draft-10["'], ["']draft-11["'], ["']legacy["'], false/ }],
     ['headers true', { ...base, headers: true }, { name: 'headers', got: 'true' }],
     ['headers in upper case', { ...base, headers: 'DRAFT-6' }, { name: 'headers', got: '"DRAFT-6"' }],
     ['hook unknown', { ...base, hook: 'preValidation' }, { name: 'hook', got: '"preValidation"', expect: /one of ["']onRequest["'], ["']preHandler["']/ }],

@@ -191,7 +191,7 @@ t.test('limit and headers: express-rate-limit\'s values are told their meaning',
 
   for (const mode of ['draft-6', 'draft-10', 'legacy', false] as const) t.equal(headerMode(mode, 'headers'), mode)
   const draft7 = thrown(() => headerMode('draft-7', 'headers')) as Error
-  isOptionError(t, draft7, { name: 'headers', got: '"draft-7"', expect: /one of "draft-6", "draft-10", "legacy", false/ }, 'draft-7')
+  isOptionError(t, draft7, { name: 'headers', got: '"draft-7"', expect: /one of "draft-6", "draft-10", "draft-11", "legacy", false/ }, 'draft-7')
   t.match(draft7.message, "'draft-7' is express-rate-limit's standardHeaders")
   t.match((thrown(() => headerMode('draft-8', 'headers')) as Error).message, "use 'draft-10'")
   t.match((thrown(() => headerMode(true, 'headers')) as Error).message, "use 'legacy' for the X-RateLimit-* headers")
@@ -236,7 +236,7 @@ t.test('the plugin (in-process store): valid options register, each bad one fail
     ['breaker.failures not an integer', { ...base, breaker: { failures: 2.5 } }, { name: 'breaker.failures', got: '2.5' }],
     ['prefix with braces', { ...base, prefix: 'a{b}' }, { name: 'prefix', got: '"a{b}"' }],
     ['ipv6Subnet 129', { ...base, ipv6Subnet: 129 }, { name: 'ipv6Subnet', got: '129', expect: 'an integer from 1 to 128' }],
-    ['headers unknown', { ...base, headers: 'draft-7' }, { name: 'headers', got: '"draft-7"', expect: /one of ["']draft-6["'], ["']draft-10["'], ["']legacy["'], false/ }],
+    ['headers unknown', { ...base, headers: 'draft-7' }, { name: 'headers', got: '"draft-7"', expect: /one of ["']draft-6["'], ["']draft-10["'], ["']draft-11["'], ["']legacy["'], false/ }],
     ['hook unknown', { ...base, hook: 'preValidation' }, { name: 'hook', got: '"preValidation"', expect: /one of ["']onRequest["'], ["']preHandler["']/ }],
     ['redis a URL', { ...base, redis: 'redis://127.0.0.1:6379' }, { name: 'redis', got: '"redis://127.0.0.1:6379"', expect: ACCEPTED }],
     ['global a number', { ...base, global: 1 }, { name: 'global', got: '1', expect: 'true or false' }],
