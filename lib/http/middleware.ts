@@ -162,10 +162,9 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
       return hooks.fail(next, err)
     }
     if (!firstTime(request, limit, prefix)) return hooks.pass(ctx, next, undefined, undefined, isClosing)
-    return layer.decide(limit, request).then((decided) => conclude(decided, ctx, next)).catch((err: unknown) => hooks.fail(next, err))
+    return layer.decide(limit, request).then((decided) => conclude(decided, request, ctx, next)).catch((err: unknown) => hooks.fail(next, err))
   }
-  function conclude (decided: Decided<Req> | undefined, ctx: Ctx, next: Next): Out | Promise<Out> {
-    const request = hooks.request(ctx)
+  function conclude (decided: Decided<Req> | undefined, request: Req, ctx: Ctx, next: Next): Out | Promise<Out> {
     const listen = layer.holding(request) ? () => { hooks.onEnd(ctx, (end) => { void layer.ended(request, end) }) } : undefined
     if (hooks.answered(ctx)) {
       listen?.()
