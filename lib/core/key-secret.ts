@@ -31,6 +31,11 @@ import type { RemoteStore } from '../store/store.js'
  */
 const KEY_SECRET = script('key-secret.lua', { loaded: false })
 
+/** What sets a partition key's HMAC input apart from a hash tag's: a NUL never starts a client part. */
+const PARTITION_LABEL = '\0tollgate partition key\0'
+/** 96 bits: no two clients of a fleet meet by chance, and the value stays short. */
+const PARTITION_BYTES = 12
+
 /** How long start-up gives Redis to answer the secret's read (within the adapters' own start-up bound). */
 export const WARM_TIMEOUT_MS = 1000
 
@@ -68,6 +73,17 @@ export class KeyNames {
   clientPart (clientKey: string): string {
     const id = clientId(clientKey)
     return `{${hashTag(this.#secret ?? this.#provisional, id)}}${id}`
+  }
+
+  /**
+   * The partition key of a client, for draft-11's `pk`: 12 bytes of an
+   * HMAC-SHA256 of its client part under the fleet's secret, separated by
+   * a label from the hash tag's input, so every server of the fleet sends a
+   * client the same value, and the value tells nothing of the key (an
+   * address, an API key), nor of its hash tag and so its Cluster slot.
+   */
+  partition (clientKey: string): Buffer {
+    return createHmac('sha256', this.#secret ?? this.#provisional).update(PARTITION_LABEL).update(clientId(clientKey)).digest().subarray(0, PARTITION_BYTES)
   }
 
   /** The key of one bucket of a client, from its `clientPart`. */

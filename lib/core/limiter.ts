@@ -52,6 +52,8 @@ export interface Core {
    * for the requests in flight (which may be waiting).
    */
   endWaits(): void
+  /** A client's partition key, the same on every server of the fleet (lib/core/key-secret.ts `partition`): draft-11's `pk`. */
+  partition(clientKey: string): Buffer
 }
 
 /**
@@ -104,7 +106,8 @@ export function createCore (options: LimiterOptions = {}, runtime: Runtime = {})
     warm,
     // Only the adapters call `down`, and only with a `redis`, hence a guard.
     down: (err: StoreError, message: string) => { guard?.down(err, message) },
-    endWaits: () => { parts.waiters.close() }
+    endWaits: () => { parts.waiters.close() },
+    partition: (clientKey) => parts.names.partition(clientKey)
   }
 }
 

@@ -152,7 +152,7 @@ function standardMode (value: unknown): string {
 }
 
 const DRAFT_7 = "'draft-6' or 'draft-10': tollgate has no draft-7 mode (one `RateLimit: limit=, remaining=, reset=` field); 'draft-6' sends the same RateLimit-Policy and the same numbers as RateLimit-Limit, -Remaining and -Reset, 'draft-10' the newer RateLimit list"
-const DRAFT_8 = "'draft-10': the same RateLimit and RateLimit-Policy lists (\"name\";r=..;t=.. and \"name\";q=..;w=..), named by the bucket, without the partition key pk; 'draft-11' sends the same lists with t the effective window of the available quota"
+const DRAFT_8 = "'draft-10': the same RateLimit and RateLimit-Policy lists (\"name\";r=..;t=.. and \"name\";q=..;w=..), named by the bucket, without the partition key pk; 'draft-11' sends the same lists with t the effective window of the available quota, and pk with partitionKey: true"
 
 const FASTIFY_RATE_LIMIT: ReadonlyMap<string, Advice> = new Map<string, Advice>([
   ['max', (at) => bucketOf(at, 'max', 'timeWindow')],

@@ -130,7 +130,7 @@ function draft10List (policies: readonly HeaderPolicy[]): string {
  * draft-10 lists every policy. Retry-After goes on every denial, whatever
  * the mode.
  */
-export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, decision: Decision, policies: PolicyHeaders): void {
+export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, decision: Decision, policies: PolicyHeaders, partition?: Buffer): void {
   if (mode === 'draft-6') {
     set(target, 'ratelimit-limit', limitShown(decision.limit))
     set(target, 'ratelimit-remaining', remainingShown(decision))
@@ -149,7 +149,7 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
     set(target, 'ratelimit', value)
   } else if (mode === 'draft-11') {
     set(target, 'ratelimit-policy', policies.list(decision))
-    set(target, 'ratelimit', draft11Value(decision, policies))
+    set(target, 'ratelimit', draft11Value(decision, policies, partition === undefined ? '' : `;pk=:${partition.toString('base64')}:`))
   } else if (mode === 'legacy') {
     set(target, 'x-ratelimit-limit', limitShown(decision.limit))
     set(target, 'x-ratelimit-remaining', remainingShown(decision))
@@ -166,13 +166,15 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
  * within t never meets a denial, since those tokens are in the bucket now.
  * On a denial t is the wait until the request's cost is available, the same
  * number as Retry-After, which so never points before the stated window ends.
+ * `pk`, the parameter that ends each item: the client's partition key as an
+ * sf-binary, or ''.
  */
-function draft11Value (decision: Decision, policies: PolicyHeaders): string {
+function draft11Value (decision: Decision, policies: PolicyHeaders, pk: string): string {
   let value = ''
   for (const d of decision.policies ?? [decision]) {
     const r = remainingShown(d)
     const t = d.retryAfterMs > 0 ? retrySeconds(d.retryAfterMs) : effectiveWindow(r, policies.rate(d))
-    value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${r};t=${t}`
+    value += `${value === '' ? '' : ', '}${sfString(d.bucket)};r=${r};t=${t}${pk}`
   }
   return value
 }
@@ -198,8 +200,8 @@ function collect (list: Array<[string, HeaderValue]>, name: string, value: Heade
 }
 
 /** The headers `setHeaders` writes, as [name, value] pairs in order. */
-export function headerPairs (mode: HeaderMode, decision: Decision, policies: PolicyHeaders): Array<[string, HeaderValue]> {
+export function headerPairs (mode: HeaderMode, decision: Decision, policies: PolicyHeaders, partition?: Buffer): Array<[string, HeaderValue]> {
   const list: Array<[string, HeaderValue]> = []
-  setHeaders(list, collect, mode, decision, policies)
+  setHeaders(list, collect, mode, decision, policies, partition)
   return list
 }

@@ -174,7 +174,7 @@ function checker<Req extends object, Ctx, Next, Out, Handler, Args extends unkno
     if (decided === undefined) return hooks.pass(ctx, next, listen, undefined, isClosing)
     const { decision } = decided
     hooks.show(ctx, decision)
-    const denial = answer(decided.limit, decision, ctx, hooks.setHeader)
+    const denial = answer(decided, ctx, hooks.setHeader)
     if (denial === undefined) return hooks.pass(ctx, next, listen, decided, isClosing)
     // The route's `handler`, or the options': a function, as the adapter's
     // dialect parsed it, taken at the type the adapter's options declare.

@@ -105,6 +105,8 @@ const PROBLEM_TYPE = 'application/problem+json; charset=utf-8'
 export interface Decided<Req> {
   limit: RouteLimit<Req>
   decision: Decision
+  /** The client's partition key, on a route with `partitionKey` (draft-11's `pk`). */
+  partition?: Buffer | undefined
 }
 
 /** Decides requests: identity, plan, costs, one store decision. */
@@ -162,7 +164,7 @@ export class RequestLayer<Req extends object> {
     const decision = limit.settle === undefined
       ? await this.#core.decide(client, limit.policies, costs, true)
       : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name, this.#side.badInput)
-    return { limit, decision }
+    return limit.partitionKey ? { limit, decision, partition: this.#core.partition(client) } : { limit, decision }
   }
 
   /** Whether the instance shuts down (close): its answers say `Connection: close`. */
@@ -239,14 +241,14 @@ function refuse<Req> (limit: RouteLimit<Req>, request: Req, side: RequestSide<Re
  * sends no headers (never a made-up quota); one that failed closed sends
  * only Retry-After with its 503.
  */
-export function answer<Req, T> (limit: RouteLimit<Req>, decision: Decision, target: T, set: HeaderSink<T>): Denial | undefined {
+export function answer<Req, T> ({ limit, decision, partition }: Decided<Req>, target: T, set: HeaderSink<T>): Denial | undefined {
   if (decision.source === 'fail-open') return undefined
   if (decision.source === 'fail-closed') {
     const seconds = retrySeconds(decision.retryAfterMs)
     set(target, 'retry-after', seconds)
     return denial(UNAVAILABLE, seconds, limit, decision)
   }
-  setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders)
+  setHeaders(target, set, limit.headers, shownDecision(decision, limit.policies), limit.policyHeaders, partition)
   return decision.allowed ? undefined : denial(RATE_LIMITED, retrySeconds(decision.retryAfterMs), limit, decision)
 }
 

@@ -10,7 +10,7 @@
 // and Fastify's `hook`) must agree across a route's policies; the rest is per
 // policy. An adapter adds its own route settings through a `Dialect`.
 
-import { optionError } from '../core/errors.js'
+import { describe, optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
 import { CORE_POLICY_CHECKS, checkCost, checkPolicies, parsePolicy } from '../core/policy.js'
 import { checkCombination, policyFields } from '../core/policy-fields.js'
@@ -31,20 +31,21 @@ export const POLICY_CHECKS = {
   key: isFunction,
   headers: headerMode,
   problemDetails: isBoolean,
+  partitionKey: isBoolean,
   allow: isFunction,
   limit: planFunction,
   settle: isFunction
 }
 
 /** Route-level settings: one per route, shared by all of its policies. */
-export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'problemDetails', 'allow', 'settle']
+export const ROUTE_WIDE: readonly string[] = ['key', 'headers', 'problemDetails', 'partitionKey', 'allow', 'settle']
 
 /**
  * Settings that only a route has, refused in a programmatic policy. Its plans
  * (`limit`) are left to the unknown-option error, which tells tollgate's
  * function from express-rate-limit's number (lib/core/migrating.ts).
  */
-const ROUTE_ONLY = ['key', 'headers', 'problemDetails', 'hook', 'allow', 'settle']
+const ROUTE_ONLY = ['key', 'headers', 'problemDetails', 'partitionKey', 'hook', 'allow', 'settle']
 
 /**
  * The names a programmatic policy may have: a route's policy but for its
@@ -99,6 +100,8 @@ export interface RouteLimit<Req> {
   policyHeaders: PolicyHeaders
   /** Denials are answered as RFC 9457 problem details (default false). */
   problemDetails: boolean
+  /** draft-11's RateLimit items carry the client's partition key `pk` (default false). */
+  partitionKey: boolean
   /** The per-client plans of the route's policies (lib/http/tiers.ts), if any has a `limit`. */
   tiers: Tiers<Req, RouteLimit<Req>> | undefined
   /** Charging by outcome (lib/http/settle-route.ts): the actual cost, from the request and the response. */
@@ -159,15 +162,20 @@ export function compileRoute<Req> (
   checkSettle(settle, policies, where)
   // Shadow policies never show in the headers: a client is not told of a limit that does not hold.
   const shown = policies.filter((p) => p.shadow !== true)
+  const headers = routeWide(entries, defaults, 'headers') ?? 'draft-6'
+  const partitionKey = routeWide(entries, defaults, 'partitionKey') ?? false
+  // `pk` is a parameter of draft-11 only: set for another mode, it would be silently dropped.
+  if (partitionKey && headers !== 'draft-11') throw optionError(`${where}partitionKey`, true, "set with headers: 'draft-11' only (the one mode with a partition key)", `true with headers ${describe(headers)}`)
   return {
     name,
     policies,
     costFns,
     key: declared<RequestFn<Req, string>>(routeWide(entries, defaults, 'key')),
     allow: declared<RequestFn<Req, boolean>>(routeWide(entries, defaults, 'allow')),
-    headers: shown.length === 0 ? false : routeWide(entries, defaults, 'headers') ?? 'draft-6',
+    headers: shown.length === 0 ? false : headers,
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     problemDetails: routeWide(entries, defaults, 'problemDetails') ?? false,
+    partitionKey,
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
     settle,
     fields: entries,

@@ -55,6 +55,8 @@ export interface PolicyFields<Req, Settled extends readonly unknown[]> extends C
   headers?: HeaderMode | undefined
   /** Answers the 429 and the fail-closed 503 as `application/problem+json` (RFC 9457; default false). */
   problemDetails?: boolean | undefined
+  /** With headers 'draft-11', each RateLimit item carries `pk`, the client's partition key: a keyed digest, the same on every server (default false). */
+  partitionKey?: boolean | undefined
   /** Requests for which it returns true skip the limiter. */
   allow?(request: Req): boolean | Promise<boolean>
   /**

@@ -249,7 +249,7 @@ t.test('the bounds themselves: capped at 15 digits, fractions floored, below 1 s
 t.test('the answer of a decision: a 429 with headers, a 503 with Retry-After only, nothing for failing open', async (t) => {
   const limit = compileRoute('GET /x', { capacity: 5, refillPerSecond: 2, failureMode: 'closed' }, {})
   const sink = (list: Pairs, name: string, value: string | number): void => { list.push([name, value]) }
-  const run = (d: Decision): [Pairs, unknown] => { const list: Pairs = []; return [list, answer(limit, d, list, sink)] }
+  const run = (d: Decision): [Pairs, unknown] => { const list: Pairs = []; return [list, answer({ limit, decision: d }, list, sink)] }
   const [allowedHeaders, allowed] = run({ allowed: true, limit: 5, remaining: 4, resetMs: 500, retryAfterMs: 0, source: 'store', bucket: 'GET /x' })
   t.equal(allowed, undefined)
   t.same(allowedHeaders, [['ratelimit-limit', 5], ['ratelimit-remaining', 4], ['ratelimit-reset', 1], ['ratelimit-policy', '5;w=3']])

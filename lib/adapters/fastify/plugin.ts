@@ -338,7 +338,7 @@ function checker (layer: RequestLayer<FastifyRequest>, throwUnavailable: boolean
     if (decided === undefined) return undefined
     const { decision } = decided
     request.rateLimit = decision
-    const denial = answer(decided.limit, decision, reply, setHeader)
+    const denial = answer(decided, reply, setHeader)
     if (denial === undefined) return undefined
     if (throwUnavailable) return denial.statusCode === 429 ? new RateLimitedError(denial.retryAfter) : new UnavailableError(denial.retryAfter)
     // Fastify's default error handler writes only its own JSON: a problem is sent as a reply.

@@ -146,7 +146,7 @@ function rewriter (c: Context, decided: Decided<Context>, closing: () => boolean
   if (shown === undefined) return undefined
   return () => {
     if (c.res.headers.get(shown) !== null) return
-    answer(decided.limit, decided.decision, c, setHeader)
+    answer(decided, c, setHeader)
     if (closing()) c.header('connection', 'close')
   }
 }
