@@ -14,7 +14,7 @@ import { createLimiter } from '../lib/index.js'
 import type { ConcurrencyPolicy, Limiter, Policy } from '../lib/core/types.js'
 import { uniqueTag } from './helpers/model.js'
 import { naiveAcquire } from './helpers/naive.js'
-import { redisUrl, type TeardownTarget } from './helpers/redis.js'
+import { redisUrl, startRedisServer, type TeardownTarget } from './helpers/redis.js'
 
 const url = await redisUrl(t)
 const prefix = `test:${uniqueTag('conc').replace(/[{}]/g, '')}`
@@ -187,4 +187,35 @@ t.test('close gives back every held slot', async (t) => {
   t.equal(await admin.zcard(key), 2)
   await limiter.close()
   t.equal(await admin.zcard(key), 0, 'released by close')
+})
+
+t.test('failure modes: open takes nothing, closed refuses, local is an in-process semaphore of local.max', async (t) => {
+  const server = await startRedisServer()
+  t.teardown(() => server.stop())
+  const redis = new Redis(server.url, { maxRetriesPerRequest: 0, enableOfflineQueue: false, retryStrategy: () => 50 })
+  redis.on('error', () => {})
+  await new Promise((resolve) => redis.once('ready', resolve))
+  const limiter = createLimiter({ redis, prefix, timeout: 200, breaker: { failures: 1000 }, logger: { warn () {}, info () {}, error () {} } })
+  t.teardown(async () => {
+    await limiter.close()
+    redis.disconnect()
+  })
+  await limiter.ready
+  const held = await limiter.acquire('client', slots('outage', 1))
+  t.equal(held.decision.source, 'store')
+  await server.kill()
+  const open = await limiter.acquire('client', { ...slots('outage', 1), failureMode: 'open' })
+  t.match(open.decision, { allowed: true, source: 'fail-open' })
+  await open.release()
+  const closed = await limiter.acquire('client', slots('outage', 1))
+  t.match(closed.decision, { allowed: false, source: 'fail-closed' })
+  const local: ConcurrencyPolicy = { bucket: 'outage', concurrency: { max: 5 }, failureMode: 'local', local: { max: 1 } }
+  const first = await limiter.acquire('client', local)
+  const second = await limiter.acquire('client', local)
+  t.match(first.decision, { allowed: true, source: 'local', limit: 1 })
+  t.match(second.decision, { allowed: false, source: 'local' })
+  await first.release()
+  t.match((await limiter.acquire('client', local)).decision, { allowed: true, source: 'local' }, 'released in this process')
+  await held.release()
+  t.pass('a release the store cannot take does not reject: the slot ends with its lease')
 })
