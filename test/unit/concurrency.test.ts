@@ -102,7 +102,7 @@ t.test('in a list: all or nothing; the binding decision; shadow members', async 
 
 t.test('bad values are refused, naming the option', async (t) => {
   const { limiter } = limiterAt()
-  const bad = (policy: unknown, message: RegExp, what: string): Promise<void> =>
+  const bad = async (policy: unknown, message: RegExp, what: string): Promise<unknown> =>
     t.rejects(limiter.acquire('c', policy as ConcurrencyPolicy), { code: 'TOLLGATE_INVALID_OPTION', message }, what)
   await bad({ ...exports, concurrency: { max: 0 } }, /`policy\.concurrency\.max` must be an integer from 1 to 100000, got 0/, 'max 0')
   await bad({ ...exports, concurrency: { max: 1.5 } }, /concurrency\.max/, 'max not whole')
