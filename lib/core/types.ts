@@ -109,8 +109,10 @@ export interface Policy {
 }
 
 /** A concurrency policy as an app writes it: no bucket sizes of its own. */
-export type ConcurrencyPolicy = Omit<Policy, 'capacity' | 'refillPerSecond' | 'cost' | 'concurrency'> & {
+export type ConcurrencyPolicy = Omit<Policy, 'capacity' | 'refillPerSecond' | 'cost' | 'concurrency' | 'local'> & {
   concurrency: ConcurrencyLimit
+  /** Required with failureMode 'local': an in-process semaphore of `max` slots (per app server). */
+  local?: { max: number } | undefined
   capacity?: undefined
   refillPerSecond?: undefined
   cost?: undefined
