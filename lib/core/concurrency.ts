@@ -301,10 +301,15 @@ function decisionOf (list: NonEmpty<Policy>, outcomes: readonly Outcome[], sourc
   })
   const [first] = decisions
   if (decisions.length === 1 && first !== undefined) return first
-  const enforced = decisions.filter((_, i) => list[i]?.shadow !== true)
-  const pool = enforced.length > 0 ? enforced : decisions
+  // The top level describes an enforced rate policy when there is one (the
+  // draft-6 and legacy headers describe the rate: SPEC 13), else an enforced
+  // one; a denial waits for the longest of the policies that denied.
+  const enforced = (i: number): boolean => list[i]?.shadow !== true
+  const rate = decisions.filter((_, i) => enforced(i) && !hasSlots(list[i] ?? list[0]))
+  const pool = [rate, decisions.filter((_, i) => enforced(i)), decisions].find((some) => some.length > 0) ?? decisions
   const chosen = pool.reduce((best, next) => (allowed ? next.remaining < best.remaining : next.retryAfterMs > best.retryAfterMs) ? next : best)
   const combined: Decision = { ...chosen, allowed, policies: decisions }
+  if (!allowed) combined.retryAfterMs = Math.max(...decisions.filter((d) => !d.allowed).map((d) => d.retryAfterMs))
   if (allowed && decisions.some((d) => d.shadow === true)) combined.shadow = true
   return combined
 }

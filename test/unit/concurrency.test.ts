@@ -80,9 +80,12 @@ t.test('in a list: all or nothing; the binding decision; shadow members', async 
   const rate: Policy = { bucket: 'r', capacity: 2, refillPerSecond: 0.001, failureMode: 'open' }
   const one: ConcurrencyPolicy = { bucket: 'one', concurrency: { max: 1 }, failureMode: 'open' }
   const a = await limiter.acquire('c', [rate, one])
-  t.match(a.decision, { allowed: true, bucket: 'one', remaining: 0 }, 'allowed: the fewest left binds')
+  t.match(a.decision, { allowed: true, bucket: 'r', remaining: 1 }, 'allowed: the top level describes the rate policy')
+  t.match(a.decision.policies?.[1], { bucket: 'one', remaining: 0 })
   const b = await limiter.acquire('c', [rate, one])
-  t.match(b.decision, { allowed: false, bucket: 'one', retryAfterMs: 1000 }, 'denied: the slot binds')
+  t.match(b.decision, { allowed: false, bucket: 'r', retryAfterMs: 1000 }, 'denied by the slot: the rate described, the slot\'s wait')
+  const slotsOnly = await limiter.acquire('c', [{ ...one, bucket: 'p' }, { ...one, bucket: 'q', concurrency: { max: 2 } }])
+  t.match(slotsOnly.decision, { allowed: true, bucket: 'p', remaining: 0 }, 'slots only: the fewest free binds')
   t.equal((await limiter.peek('c', rate)).remaining, 1, 'nothing spent by the denial')
   await a.release()
   const shadowRate: Policy = { ...rate, bucket: 'sr', capacity: 1, shadow: true }
@@ -123,9 +126,9 @@ t.test('bad values are refused, naming the option', async (t) => {
   await bad({ ...exports, failureMode: 'local', local: { max: 0 } }, /`policy\.local\.max`/, 'a bad local max')
   await bad('exports', /`policy` must be a policy object/, 'not an object')
   await bad([], /`policy` must be a policy or a non-empty array of policies/, 'an empty list')
-  await t.rejects(limiter.acquire(1 as unknown as string, exports), /`clientKey` must be a string/)
-  await t.rejects(limiter.consume('c', exports as unknown as Policy), /`policy\.concurrency` must be unset to consume or peek/)
-  await t.rejects(limiter.reserve('c', exports as unknown as Policy), /`policy\.concurrency` must be unset to reserve/)
+  await t.rejects(limiter.acquire(JSON.parse('1'), exports), /`clientKey` must be a string/)
+  await t.rejects(limiter.consume('c', JSON.parse(JSON.stringify(exports))), /`policy\.concurrency` must be unset to consume or peek/)
+  await t.rejects(limiter.reserve('c', JSON.parse(JSON.stringify(exports))), /`policy\.concurrency` must be unset to reserve/)
 })
 
 t.test('the same policy object is parsed once; close releases and stops the timer', async (t) => {

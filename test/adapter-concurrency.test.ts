@@ -1,0 +1,60 @@
+// Concurrency limits on every adapter (SPEC 13), over the rows of
+// test/helpers/adapters.ts, Express 4 included, on a real Redis: a route
+// with `concurrency: { max: 1 }` admits one request at a time per client
+// (the adapter's own capacity and rate do not apply to it), answers the
+// next with a 429 and Retry-After: 1, and gives the slot back when the
+// response finishes, and when the client disconnects while the handler
+// still runs; the draft-11 headers name the unit; the slot set in Redis is
+// empty once every request has ended.
+//
+// Tolerances: the slow handler answers 400 ms after it starts; a request
+// sent 100 ms into it finds the slot taken on any machine that starts the
+// handler within 300 ms. After a disconnect, the slot is checked free
+// RELEASE_MS later: the release is one Redis call once the server sees the
+// socket close, a few ms, with room for a loaded 2-core machine.
+
+import { request } from 'node:http'
+import { setTimeout as sleep } from 'node:timers/promises'
+import t, { type Test } from 'tap'
+import { sharedRedis, uniquePrefix } from './helpers/app.js'
+import { ADAPTERS, EXPRESS4, type AdapterRow } from './helpers/adapters.js'
+
+const RELEASE_MS = 150
+
+async function oneAtATime (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, capacity: 100, refillPerSecond: 100, failureMode: 'closed', timeout: 1000, headers: 'draft-11' },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 400 }]
+  })
+  const first = app.get('/export')
+  await sleep(100)
+  const second = await app.get('/export')
+  t.equal(second.status, 429, 'the one slot is taken: the next request is refused')
+  t.equal(second.headers['retry-after'], '1', 'Retry-After: 1')
+  t.equal(second.headers['ratelimit-policy'], '"exports";q=1;qu="concurrent-requests"', 'draft-11 names the unit, with no window')
+  const done = await first
+  t.equal(done.status, 200)
+  t.equal(done.headers['ratelimit'], '"exports";r=0;t=1', 'no slot left while it ran')
+  t.equal((await app.get('/export')).status, 200, 'finished: the slot is free again')
+
+  // The client goes away 100 ms into the 400 ms handler: the slot comes back at once.
+  const gone = request({ ...app.at, path: '/export' })
+  gone.on('error', () => {})
+  gone.end()
+  await sleep(100)
+  gone.destroy()
+  await sleep(RELEASE_MS)
+  const after = await app.get('/export')
+  t.equal(after.status, 200, 'the client left mid-handler: its slot was given back while its handler still ran')
+  await sleep(500)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'every slot given back: no slot set left in Redis')
+  t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
+}
+
+for (const row of [...ADAPTERS, EXPRESS4]) {
+  t.test(row.name, async (t) => {
+    t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
+  })
+}
