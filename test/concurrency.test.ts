@@ -209,6 +209,8 @@ t.test('failure modes: open takes nothing, closed refuses, local is an in-proces
   await open.release()
   const closed = await limiter.acquire('client', slots('outage', 1))
   t.match(closed.decision, { allowed: false, source: 'fail-closed' })
+  const withRate = await limiter.acquire('client', [{ bucket: 'r', capacity: 5, refillPerSecond: 1, failureMode: 'open' }, slots('outage', 1)])
+  t.match(withRate.decision, { allowed: false, source: 'fail-closed' }, 'a list with a rate policy follows its closed policy')
   const local: ConcurrencyPolicy = { bucket: 'outage', concurrency: { max: 5 }, failureMode: 'local', local: { max: 1 } }
   const first = await limiter.acquire('client', local)
   const second = await limiter.acquire('client', local)
@@ -218,4 +220,24 @@ t.test('failure modes: open takes nothing, closed refuses, local is an in-proces
   t.match((await limiter.acquire('client', local)).decision, { allowed: true, source: 'local' }, 'released in this process')
   await held.release()
   t.pass('a release the store cannot take does not reject: the slot ends with its lease')
+})
+
+t.test('shadow policies on Redis: would-be denials pass, the shadow side taken all or nothing', async (t) => {
+  const redis = new Redis(url)
+  t.teardown(() => redis.quit())
+  await new Promise((resolve) => redis.once('ready', resolve))
+  // No `ready`: the first call reads the fleet's key secret itself.
+  const limiter = createLimiter({ redis, prefix, timeout: 1000 })
+  t.teardown(() => limiter.close())
+  const shadowSlot: ConcurrencyPolicy = { ...slots('shadow', 1), shadow: true }
+  const shadowRate: Policy = { bucket: 'shadow-rate', capacity: 1, refillPerSecond: 0.001, failureMode: 'open', shadow: true }
+  const first = await limiter.acquire('client', [slots('enforced', 5), shadowSlot, shadowRate])
+  t.match(first.decision, { allowed: true })
+  t.equal(first.decision.shadow, undefined, 'both shadow policies had room: taken')
+  const second = await limiter.acquire('client', [slots('enforced', 5), shadowSlot, shadowRate])
+  t.match(second.decision, { allowed: true, shadow: true }, 'a would-be denial passes, flagged')
+  t.equal(await admin.zcard(await slotKey('shadow')), 1, 'the shadow slot was not taken twice')
+  t.equal(await admin.zcard(await slotKey('enforced')), 2, 'the enforced slot was')
+  await first.release()
+  await second.release()
 })

@@ -26,7 +26,7 @@ import { decisionChannel, type EngineParts } from './engine.js'
 import { mapNonEmpty, type NonEmpty } from './lists.js'
 import { SlotTable } from './slot-table.js'
 import { script } from '../store/script.js'
-import { bucketState, type BucketSpec, type BucketState } from '../store/store.js'
+import { bucketState, type BucketSpec, type StoreReply } from '../store/store.js'
 import type { TimerHandle } from './clock.js'
 import type { Acquired, Decision, DecisionSource, Policy } from './types.js'
 
@@ -49,8 +49,14 @@ function leaseOf (policy: Policy): number {
   return policy.concurrency?.leaseMs ?? DEFAULT_LEASE_MS
 }
 
-/** One policy's outcome: a bucket's state, or the slots taken (`ok`: this request's fits). */
-type Outcome = { readonly state: BucketState } | { readonly taken: number, readonly ok: boolean }
+/** One policy's outcome: its bucket's reply, or the slots taken (`ok`: this request's fits). */
+type Outcome = { readonly rate: StoreReply } | { readonly taken: number, readonly ok: boolean }
+
+/** A policy of the list with its key (a slot set's for slots). */
+interface Entry { readonly policy: Policy, readonly spec: BucketSpec }
+
+/** An entry with its outcome. */
+interface Decided extends Entry { outcome: Outcome }
 
 /** Where held slots live: Redis, the in-process store (no `redis`), or the local fallback. */
 type Place = 'remote' | 'memory' | 'local'
@@ -58,14 +64,21 @@ type Place = 'remote' | 'memory' | 'local'
 /** The slots this server holds on one key. */
 interface HeldKey { readonly place: Place, readonly leaseMs: number, readonly ids: Set<string> }
 
-/** The slots of one acquisition: per key, where. */
-type Taken = ReadonlyArray<{ readonly key: string, readonly place: Place }>
-
 /** How the engine names a list's buckets (lib/core/engine.ts specsOf). */
 export type SpecsOf = (clientKey: string, list: NonEmpty<Policy>, costs: ReadonlyArray<number | undefined> | undefined) => NonEmpty<BucketSpec>
 
 /** The release of an acquisition that took nothing. */
 const NOTHING: Acquired['release'] = async () => {}
+
+/** Each policy with its spec (one spec per policy, in order: each is found). */
+function entriesOf (list: readonly Policy[], specs: readonly BucketSpec[]): Entry[] {
+  const entries: Entry[] = []
+  list.forEach((policy, i) => {
+    const spec = specs[i]
+    if (spec !== undefined) entries.push({ policy, spec })
+  })
+  return entries
+}
 
 export class Slots {
   readonly #parts: EngineParts
@@ -89,18 +102,19 @@ export class Slots {
     const { names, remote, defaultTimeout } = this.#parts
     const timeoutMs = timeoutOf(list, defaultTimeout)
     if (!names.known) await names.load(timeoutMs)
-    const specs = mapNonEmpty(this.#specsOf(clientKey, list, costs), (spec, i) => hasSlots(list[i] ?? list[0]) ? { ...spec, key: slotsKey(spec.key) } : spec)
+    const specs = mapNonEmpty(this.#specsOf(clientKey, list, costs), (spec, i) => list[i]?.concurrency === undefined ? spec : { ...spec, key: slotsKey(spec.key) })
+    const entries = entriesOf(list, specs)
     const id = randomUUID()
     let acquired: Acquired
     if (remote === undefined) {
-      acquired = this.#here(list, specs, id, 'memory', 'store')
+      acquired = this.#here(entries, id, 'memory', 'store')
     } else {
       try {
-        const reply = await remote.guard.run(() => remote.store.run(ACQUIRE, specs.map((s) => s.key), argsOf(list, specs, id)), timeoutMs, specs)
-        acquired = this.#taken(list, specs, id, outcomesOf(list, specs, reply), 'remote', 'store')
+        const reply = await remote.guard.run(() => remote.store.run(ACQUIRE, specs.map((s) => s.key), argsOf(entries, id)), timeoutMs, specs)
+        acquired = this.#taken(readReply(entries, reply), id, 'remote', 'store')
       } catch {
-        this.#giveBack(list, specs, id)
-        acquired = failOver(remote.guard, list, specs, (local, localSpecs) => this.#here(local, localSpecs, id, 'local', 'local'), (decision) => ({ decision, release: NOTHING }))
+        this.#giveBack(entries, id)
+        acquired = failOver(remote.guard, list, specs, (local, localSpecs) => this.#here(entriesOf(local, localSpecs), id, 'local', 'local'), (decision) => ({ decision, release: NOTHING }))
       }
     }
     this.#published(clientKey, acquired.decision)
@@ -119,60 +133,46 @@ export class Slots {
     this.#tables.local.clear()
   }
 
-  /** The slots held in this process (for tests and the docs' measures). */
-  get held (): number {
-    let n = 0
-    for (const { ids } of this.#held.values()) n += ids.size
-    return n
-  }
-
   /** Decided in this process, synchronously (so atomically): the in-process store, or the local fallback. */
-  #here (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, id: string, place: Exclude<Place, 'remote'>, source: DecisionSource): Acquired {
+  #here (entries: readonly Entry[], id: string, place: Exclude<Place, 'remote'>, source: DecisionSource): Acquired {
     const table = this.#tables[place]
     const buckets = place === 'memory' ? this.#parts.memory : this.#parts.local
-    const outcomes: Outcome[] = list.map((policy, i) => {
-      const spec = specs[i] ?? specs[0]
-      if (!hasSlots(policy)) return { state: buckets.decideSync([spec], false).buckets[0] ?? FULL }
+    const decided = entries.map(({ policy, spec }): Decided => {
+      if (!hasSlots(policy)) return { policy, spec, outcome: { rate: buckets.decideSync([spec], false) } }
       const taken = table.taken(spec.key)
-      return { taken, ok: taken < policy.capacity }
+      return { policy, spec, outcome: { taken, ok: taken < policy.capacity } }
     })
+    // Every policy of the side fits (checked first), and nothing runs between
+    // these synchronous calls: taken one by one, they are taken all at once.
     const take = (shadow: boolean): void => {
-      const rates = specs.filter((_, i) => !hasSlots(list[i] ?? list[0]) && (list[i]?.shadow === true) === shadow)
-      const states = (rates.length === 0 ? [] : buckets.decideSync(rates, true).buckets).values()
-      list.forEach((policy, i) => {
-        const spec = specs[i] ?? specs[0]
-        if ((policy.shadow === true) !== shadow) return
-        if (hasSlots(policy)) {
-          table.add(spec.key, id, leaseOf(policy))
-          outcomes[i] = { taken: (table.taken(spec.key)), ok: true }
-        } else {
-          outcomes[i] = { state: states.next().value ?? FULL }
-        }
-      })
+      for (const entry of decided) {
+        const { policy, spec } = entry
+        if ((policy.shadow === true) !== shadow) continue
+        if (hasSlots(policy)) table.add(spec.key, id, leaseOf(policy))
+        entry.outcome = hasSlots(policy) ? { taken: table.taken(spec.key), ok: true } : { rate: buckets.decideSync([spec], true) }
+      }
     }
-    if (sideFits(list, outcomes, false)) {
+    if (sideFits(decided, false)) {
       take(false)
-      if (sideFits(list, outcomes, true)) take(true)
+      if (sideFits(decided, true)) take(true)
     }
-    return this.#taken(list, specs, id, outcomes, place, source)
+    return this.#taken(decided, id, place, source)
   }
 
-  /** The decision of the outcomes, and the slots it holds (registered for renewal). */
-  #taken (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, id: string, outcomes: readonly Outcome[], place: Place, source: DecisionSource): Acquired {
-    const decision = decisionOf(list, outcomes, source)
+  /** The decision of the entries' outcomes, and the slots it took (held, and renewed, until released). */
+  #taken (entries: readonly Decided[], id: string, place: Place, source: DecisionSource): Acquired {
+    const decision = decisionOf(entries, source)
     if (!decision.allowed) return { decision, release: NOTHING }
-    const taken: Array<{ key: string, place: Place }> = []
-    list.forEach((policy, i) => {
-      const outcome = outcomes[i]
-      const spec = specs[i]
-      if (!hasSlots(policy) || spec === undefined || outcome === undefined || !('taken' in outcome) || !outcome.ok) return
-      if (policy.shadow === true && !sideFits(list, outcomes, true)) return
+    const shadowTaken = sideFits(entries, true)
+    const keys: string[] = []
+    for (const { policy, spec } of entries) {
+      if (!hasSlots(policy) || (policy.shadow === true && !shadowTaken)) continue
       this.#hold(spec.key, place, leaseOf(policy), id)
-      taken.push({ key: spec.key, place })
-    })
-    if (taken.length === 0) return { decision, release: NOTHING }
+      keys.push(spec.key)
+    }
+    if (keys.length === 0) return { decision, release: NOTHING }
     let released: Promise<void> | undefined
-    return { decision, release: () => (released ??= this.#release(taken, id)) }
+    return { decision, release: () => (released ??= this.#release(keys, place, id)) }
   }
 
   #hold (key: string, place: Place, leaseMs: number, id: string): void {
@@ -185,8 +185,8 @@ export class Slots {
     this.#arm(leaseMs / 3)
   }
 
-  async #release (taken: Taken, id: string): Promise<void> {
-    await Promise.all(taken.map(({ key, place }) => {
+  async #release (keys: readonly string[], place: Place, id: string): Promise<void> {
+    await Promise.all(keys.map((key) => {
       const held = this.#held.get(key)
       held?.ids.delete(id)
       if (held?.ids.size === 0) this.#held.delete(key)
@@ -206,10 +206,10 @@ export class Slots {
   }
 
   /** A call that failed may have run late: its id's slots, if any, are given back. */
-  #giveBack (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, id: string): void {
-    specs.forEach((spec, i) => {
-      if (hasSlots(list[i] ?? list[0])) this.#drop(spec.key, 'remote', [id]).catch(() => {})
-    })
+  #giveBack (entries: readonly Entry[], id: string): void {
+    for (const { policy, spec } of entries) {
+      if (hasSlots(policy)) void this.#drop(spec.key, 'remote', [id])
+    }
   }
 
   /** Arms the one renewal timer `inMs` from now, unless it fires sooner already. */
@@ -245,14 +245,10 @@ export class Slots {
   }
 }
 
-/** A full bucket (never used: decideSync answers one state per spec). */
-const FULL: BucketState = { remaining: 0, fullInUs: 0, waitUs: 0 }
-
 /** lua/concurrency.lua's arguments (read its header). */
-function argsOf (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, id: string): Array<string | number> {
+function argsOf (entries: readonly Entry[], id: string): Array<string | number> {
   const args: Array<string | number> = [id]
-  list.forEach((policy, i) => {
-    const spec = specs[i] ?? specs[0]
+  for (const { policy, spec } of entries) {
     const shadow = policy.shadow === true
     if (hasSlots(policy)) {
       args.push(shadow ? 'C' : 'c', policy.capacity, leaseOf(policy), 0)
@@ -260,54 +256,57 @@ function argsOf (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, id: string
       const step = 1e6 / spec.refillPerSecond
       args.push(shadow ? 'R' : 'r', spec.capacity * step, spec.cost * step, spec.cost * 1e6 / spec.refillPerSecond)
     }
-  })
+  }
   return args
 }
 
-/** The outcomes of lua/concurrency.lua's reply: one integer per policy. */
-function outcomesOf (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, reply: unknown): Outcome[] {
+/** The outcomes of lua/concurrency.lua's reply, one integer per policy (read its header). */
+function readReply (entries: readonly Entry[], reply: unknown): Decided[] {
   const values = [reply].flat()
-  return list.map((policy, i) => {
+  return entries.map(({ policy, spec }, i): Decided => {
     const value = Number(values[i])
-    if (!Number.isFinite(value)) throw new TypeError(`lua/concurrency.lua replied ${String(reply)}, not one integer per policy`)
-    return hasSlots(policy) ? { taken: Math.abs(value), ok: value >= 0 } : { state: bucketState(value, specs[i] ?? specs[0]) }
+    return { policy, spec, outcome: hasSlots(policy) ? { taken: Math.abs(value), ok: value >= 0 } : { rate: { allowed: value >= 0, buckets: [bucketState(value, spec)] } } }
   })
 }
 
-function fits (outcome: Outcome | undefined): boolean {
-  return outcome === undefined || ('ok' in outcome ? outcome.ok : outcome.state.waitUs === 0)
+function fits ({ outcome }: Decided): boolean {
+  return 'ok' in outcome ? outcome.ok : outcome.rate.allowed
 }
 
 /** Whether every policy of one side (shadow or enforced) fits. */
-function sideFits (list: readonly Policy[], outcomes: readonly Outcome[], shadow: boolean): boolean {
-  return list.every((policy, i) => (policy.shadow === true) !== shadow || fits(outcomes[i]))
+function sideFits (entries: readonly Decided[], shadow: boolean): boolean {
+  return entries.every((entry) => (entry.policy.shadow === true) !== shadow || fits(entry))
+}
+
+/** One policy's decision: a rate's as `consume` gives it; slots: `limit` the max, `remaining` the free slots. */
+function entryDecision (entry: Decided, source: DecisionSource): Decision {
+  const { policy, outcome } = entry
+  const ok = fits(entry)
+  const own = 'ok' in outcome
+    // A denial's retry is a second: a slot frees when a request ends, which no one can foretell.
+    ? { allowed: ok, limit: policy.capacity, remaining: Math.max(0, policy.capacity - outcome.taken), resetMs: 0, retryAfterMs: ok ? 0 : 1000, source, bucket: policy.bucket }
+    : summarize([policy], outcome.rate, source)
+  return policy.shadow === true ? shadowed(own) : own
 }
 
 /**
- * The decision of a list: each policy's own (a rate's as `consume` gives
- * it; slots: `limit` the max, `remaining` the free slots, a denial's retry
- * one second: a slot frees when a request ends, which no one can foretell),
- * and for several the binding one, as lib/core/decisions.ts summarize
- * chooses. A shadow policy's denial is a would-be denial.
+ * The decision of a list: each policy's own, and for several the binding
+ * one, as lib/core/decisions.ts summarize chooses. The top level describes
+ * an enforced rate policy when there is one (the draft-6 and legacy headers
+ * describe the rate: SPEC 13), else an enforced one; a denial waits for the
+ * longest of the policies that denied. A shadow policy's denial is a
+ * would-be denial.
  */
-function decisionOf (list: NonEmpty<Policy>, outcomes: readonly Outcome[], source: DecisionSource): Decision {
-  const allowed = sideFits(list, outcomes, false)
-  const decisions = list.map((policy, i): Decision => {
-    const outcome = outcomes[i] ?? { taken: 0, ok: true }
-    const own = 'ok' in outcome
-      ? { allowed: outcome.ok, limit: policy.capacity, remaining: Math.max(0, policy.capacity - outcome.taken), resetMs: 0, retryAfterMs: outcome.ok ? 0 : 1000, source, bucket: policy.bucket }
-      : summarize([policy], { allowed: outcome.state.waitUs === 0, buckets: [outcome.state] }, source)
-    return policy.shadow === true ? shadowed(own) : own
-  })
+function decisionOf (entries: readonly Decided[], source: DecisionSource): Decision {
+  const allowed = sideFits(entries, false)
+  const rows = entries.map((entry) => ({ policy: entry.policy, decision: entryDecision(entry, source) }))
+  const decisions = rows.map((row) => row.decision)
   const [first] = decisions
   if (decisions.length === 1 && first !== undefined) return first
-  // The top level describes an enforced rate policy when there is one (the
-  // draft-6 and legacy headers describe the rate: SPEC 13), else an enforced
-  // one; a denial waits for the longest of the policies that denied.
-  const enforced = (i: number): boolean => list[i]?.shadow !== true
-  const rate = decisions.filter((_, i) => enforced(i) && !hasSlots(list[i] ?? list[0]))
-  const pool = [rate, decisions.filter((_, i) => enforced(i)), decisions].find((some) => some.length > 0) ?? decisions
-  const chosen = pool.reduce((best, next) => (allowed ? next.remaining < best.remaining : next.retryAfterMs > best.retryAfterMs) ? next : best)
+  const enforced = rows.filter((row) => row.policy.shadow !== true)
+  const rate = enforced.filter((row) => !hasSlots(row.policy))
+  const pool = rate.length > 0 ? rate : enforced.length > 0 ? enforced : rows
+  const chosen = pool.map((row) => row.decision).reduce((best, next) => (allowed ? next.remaining < best.remaining : next.retryAfterMs > best.retryAfterMs) ? next : best)
   const combined: Decision = { ...chosen, allowed, policies: decisions }
   if (!allowed) combined.retryAfterMs = Math.max(...decisions.filter((d) => !d.allowed).map((d) => d.retryAfterMs))
   if (allowed && decisions.some((d) => d.shadow === true)) combined.shadow = true

@@ -5,9 +5,11 @@
 // with a coded error naming it. test/concurrency.test.ts holds the same
 // promises on a real Redis.
 
+import diagnostics from 'node:diagnostics_channel'
 import t from 'tap'
 import { createCore } from '../../lib/core/limiter.js'
 import { SlotTable } from '../../lib/core/slot-table.js'
+import { PolicyHeaders, headerPairs } from '../../lib/http/headers.js'
 import type { ConcurrencyPolicy, Policy } from '../../lib/core/types.js'
 import { FakeTime } from './helpers/fake-time.js'
 
@@ -139,4 +141,58 @@ t.test('the same policy object is parsed once; close releases and stops the time
   t.equal(time.pending, 1)
   await limiter.close()
   t.equal(time.pending, 0)
+})
+
+t.test('decisions are published and counted as the other kinds are', async (t) => {
+  const counted: Array<{ name: string, value: number, attributes?: object }> = []
+  const instrument = (name: string) => ({
+    add: (value: number, attributes?: object) => { counted.push({ name, value, attributes }) },
+    record: (value: number, attributes?: object) => { counted.push({ name, value, attributes }) }
+  })
+  const meter = { createCounter: instrument, createUpDownCounter: instrument, createHistogram: instrument }
+  const time = new FakeTime()
+  const { limiter } = createCore({ metrics: { meter } }, { time })
+  const published: unknown[] = []
+  const listener = (message: unknown): void => { published.push(message) }
+  diagnostics.subscribe('tollgate:decision', listener)
+  t.teardown(() => diagnostics.unsubscribe('tollgate:decision', listener))
+  const shadow: ConcurrencyPolicy = { ...exports, bucket: 'sh', concurrency: { max: 1 }, shadow: true }
+  await limiter.acquire('c', exports)
+  await limiter.acquire('c', shadow)
+  await limiter.acquire('c', shadow)
+  t.match(published, [{ key: 'c', decision: { bucket: 'exports' } }, { key: 'c', decision: { bucket: 'sh' } }, { key: 'c', shadow: true }])
+  t.ok(counted.length > 0, 'counted by the limiter\'s metrics')
+  await limiter.close()
+})
+
+t.test('a list picks its binding decision as summarize does', async (t) => {
+  const { limiter } = limiterAt()
+  const p: ConcurrencyPolicy = { bucket: 'p', concurrency: { max: 1 }, failureMode: 'open' }
+  const q: ConcurrencyPolicy = { bucket: 'q', concurrency: { max: 2 }, failureMode: 'open' }
+  t.match((await limiter.acquire('c', [q, p])).decision, { allowed: true, bucket: 'p' }, 'allowed: the fewest free, wherever it is')
+  const slow: Policy = { bucket: 'slow', capacity: 1, refillPerSecond: 0.01, failureMode: 'open' }
+  const fast: Policy = { bucket: 'fast', capacity: 1, refillPerSecond: 1, failureMode: 'open' }
+  await limiter.acquire('c', [fast, slow, { ...q, bucket: 'r' }])
+  t.match((await limiter.acquire('c', [fast, slow, { ...q, bucket: 'r' }])).decision, { allowed: false, bucket: 'slow', retryAfterMs: 100_000 }, 'denied: the longest wait')
+  // A shadow slot with a shadow rate that cannot pay: the shadow side is taken all or nothing, so not the slot.
+  const shadowSlot: ConcurrencyPolicy = { ...p, bucket: 'ss', shadow: true }
+  const spent: Policy = { ...slow, bucket: 'spent', shadow: true }
+  await limiter.consume('c', { ...spent, shadow: false })
+  const got = await limiter.acquire('c', [shadowSlot, spent])
+  t.match(got.decision, { allowed: true, shadow: true })
+  t.match((await limiter.acquire('c', shadowSlot)).decision, { allowed: true }, 'the shadow slot was not taken')
+  t.equal((await limiter.acquire('c', shadowSlot)).decision.shadow, true, 'now it is')
+  await got.release()
+})
+
+t.test('headers: draft-10 and draft-11 list a concurrency policy by its max, the local semaphore too', async (t) => {
+  const rate = { bucket: 'api', capacity: 10, refillPerSecond: 1 }
+  const slot = { bucket: 'exports', capacity: 2, refillPerSecond: 2, concurrency: { max: 2 } }
+  const headers = new PolicyHeaders([rate, slot], [{ bucket: 'exports', capacity: 1, refillPerSecond: 1, max: 1 }])
+  const decision = { allowed: true, limit: 2, remaining: 1, resetMs: 0, retryAfterMs: 0, source: 'store' as const, bucket: 'exports' }
+  t.same(headerPairs('draft-10', decision, headers)[0], ['ratelimit-policy', '"api";q=10;w=10, "exports";q=2'])
+  t.same(headerPairs('draft-11', decision, headers)[0], ['ratelimit-policy', '"api";q=10;w=10, "exports";q=2;qu="concurrent-requests"'])
+  const local = { ...decision, source: 'local' as const, limit: 1, remaining: 0 }
+  t.same(headerPairs('draft-11', local, headers)[0], ['ratelimit-policy', '"exports";q=1;qu="concurrent-requests"'])
+  t.same(headerPairs('draft-10', local, headers)[0], ['ratelimit-policy', '"exports";q=1'])
 })
