@@ -4,7 +4,7 @@
 // (the adapter's own capacity and rate do not apply to it), answers the
 // next with a 429 and Retry-After: 1, and gives the slot back when the
 // response finishes, and when the client disconnects while the handler
-// still runs; the draft-11 headers name the unit; the slot set in Redis is
+// still runs, and when the handler fails; the draft-11 headers name the unit; the slot set in Redis is
 // empty once every request has ended.
 //
 // Tolerances: the slow handler answers 400 ms after it starts; a request
@@ -53,8 +53,23 @@ async function oneAtATime (t: Test, row: AdapterRow): Promise<void> {
   t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
 }
 
+async function failing (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/fails', policy: { bucket: 'fails', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 50, fails: true }]
+  })
+  for (let i = 0; i < 3; i++) {
+    t.equal((await app.get('/fails')).status, 500, `a handler that fails: its 500 (${i + 1})`)
+    await sleep(RELEASE_MS)
+  }
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'each released its slot: the next one took it, and none is left')
+}
+
 for (const row of [...ADAPTERS, EXPRESS4]) {
   t.test(row.name, async (t) => {
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
+    t.test('released when the handler fails', (t) => failing(t, row))
   })
 }
