@@ -15,7 +15,9 @@
 
 import { request } from 'node:http'
 import { setTimeout as sleep } from 'node:timers/promises'
+import Fastify from 'fastify'
 import t, { type Test } from 'tap'
+import tollgate from '../lib/index.js'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import { ADAPTERS, EXPRESS4, type AdapterRow } from './helpers/adapters.js'
 
@@ -67,8 +69,35 @@ async function failing (t: Test, row: AdapterRow): Promise<void> {
   t.same(await redis.keys(`${prefix}:*!slots`), [], 'each released its slot: the next one took it, and none is left')
 }
 
+async function badValues (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  for (const [concurrency, message] of [[{ max: 0 }, /concurrency\.max` must be an integer from 1 to 100000, got 0/], [{ max: 1, leaseMs: 10 }, /concurrency\.leaseMs` must be an integer from 1000/]] as const) {
+    await t.rejects(row.start(t, {
+      options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+      routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency } }]
+    }), { code: 'TOLLGATE_INVALID_OPTION', message }, `${JSON.stringify(concurrency)} is refused at start-up`)
+  }
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, capacity: 5 } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
+}
+
+t.test('the adapter\'s own cost does not apply to a concurrency policy', async (t) => {
+  const redis = await sharedRedis(t)
+  for (const cost of [2, () => 5]) {
+    const app = Fastify()
+    t.teardown(() => app.close())
+    await app.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, cost, failureMode: 'closed', timeout: 1000, global: false })
+    app.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 1 } } } }, async () => 'ok')
+    const answer = await app.inject('/x')
+    t.equal(answer.statusCode, 200, `a cost of ${typeof cost === 'number' ? cost : 'a function returning 5'} on the plugin: the route takes its slot`)
+  }
+})
+
 for (const row of [...ADAPTERS, EXPRESS4]) {
   t.test(row.name, async (t) => {
+    t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
   })

@@ -120,17 +120,9 @@ export function extScript (policy: Policy): boolean {
   return EXT_SCRIPT.some((name) => isSet(policy[name]))
 }
 
-/** The fields of a rate that an adapter's defaults give every route, and a concurrency policy does not take. */
-const RATE_DEFAULTS: readonly string[] = ['capacity', 'refillPerSecond', 'cost']
-
-/**
- * A policy's own fields out of a record that holds others too (a route's
- * merged settings), for parsePolicy. A concurrency policy takes none of the
- * rate's sizes: the adapter's (merged in) do not apply to it (SPEC 13).
- */
+/** A policy's own fields out of a record that holds others too (a route's merged settings), for parsePolicy. */
 export function policyFields (input: object): Record<string, unknown> {
-  const slots = isSet(Reflect.get(input, 'concurrency'))
-  return Object.fromEntries(NAMES.filter((name) => Object.hasOwn(input, name) && !(slots && RATE_DEFAULTS.includes(name))).map((name) => [name, Reflect.get(input, name)]))
+  return Object.fromEntries(NAMES.filter((name) => Object.hasOwn(input, name)).map((name) => [name, Reflect.get(input, name)]))
 }
 
 /**

@@ -142,11 +142,11 @@ export function compileRoute<Req> (
     // Before the merge, which drops the adapter's lease from a list's policies.
     if (list.length > 1) checkCombination({ lease: fields.lease }, ['list'], at)
     const base = defaults.bucket ?? name
-    const merged: RouteFields = { ...defaults, ...fields, ...(list.length > 1 ? { lease: undefined } : {}) }
+    const merged: RouteFields = { ...mergedOver(defaults, fields), ...(list.length > 1 ? { lease: undefined } : {}) }
     const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
-    costFns.push(declared<RequestFn<Req, number>>(fields.cost ?? defaults.cost))
+    costFns.push(declared<RequestFn<Req, number>>(merged.cost))
     entries.push(fields)
     policies.push(policy)
   }
@@ -190,6 +190,17 @@ function declared<F> (fn: AppFunction | number | undefined): F | undefined {
 /** A setting of an adapter's own (parsed by its dialect as a function), or undefined. */
 function appFunction (value: unknown): AppFunction | undefined {
   return typeof value === 'function' ? value as AppFunction : undefined
+}
+
+/**
+ * A policy's fields over the adapter's: a concurrency policy takes none of
+ * the adapter's rate sizes or cost (SPEC 13: they do not apply to it), so
+ * that only the ones it sets itself are refused (lib/core/policy-fields.ts).
+ */
+function mergedOver (defaults: Defaults, fields: RouteFields): RouteFields {
+  if (fields.concurrency === undefined) return { ...defaults, ...fields }
+  const { capacity: _capacity, refillPerSecond: _refill, cost: _cost, ...rest } = defaults
+  return { ...rest, ...fields }
 }
 
 /** A route-wide setting: from the route's policies (parsed), else the adapter's options. */
@@ -247,7 +258,8 @@ export function programmaticPolicies (defaults: Defaults, adapter: Adapter): (po
         if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
       }
       const fields: RouteFields = parseFields(policy, PROGRAMMATIC_CHECKS, 'policy.', {}, adapter)
-      core = toPolicy({ ...defaults, ...fields, cost: fields.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
+      const over = mergedOver(defaults, fields)
+      core = toPolicy({ ...over, cost: typeof over.cost === 'number' ? over.cost : undefined }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
       merged.set(policy, core)
     }
     return core
