@@ -4,7 +4,7 @@
 // (the adapter's own capacity and rate do not apply to it), answers the
 // next with a 429 and Retry-After: 1, and gives the slot back when the
 // response finishes, and when the client disconnects while the handler
-// still runs, and when the handler fails; the draft-11 headers name the unit; the slot set in Redis is
+// still runs, when the handler fails, and on shutdown; the draft-11 headers name the unit; the slot set in Redis is
 // empty once every request has ended.
 //
 // Tolerances: the slow handler answers 400 ms after it starts; a request
@@ -83,6 +83,24 @@ async function badValues (t: Test, row: AdapterRow): Promise<void> {
   }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
 }
 
+async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 } }, handlerMs: 300 }]
+  })
+  const held = await app.api.limiter.acquire('other', { bucket: 'exports', concurrency: { max: 2 }, failureMode: 'closed' })
+  t.equal(held.decision.allowed, true)
+  const inFlight = app.get('/export')
+  await sleep(100)
+  t.equal((await redis.keys(`${prefix}:*!slots`)).length, 2, 'two clients hold a slot')
+  await app.shutdown(first)
+  t.equal((await inFlight).status, 200, 'the request in flight is answered')
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'the shutdown gave back every slot, the programmatic one too')
+  await held.release()
+}
+
 t.test('the adapter\'s own cost does not apply to a concurrency policy', async (t) => {
   const redis = await sharedRedis(t)
   for (const cost of [2, () => 5]) {
@@ -100,5 +118,6 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
+    for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))
   })
 }
