@@ -87,8 +87,6 @@ export class Slots {
   readonly #held = new Map<string, HeldKey>()
   #timer: TimerHandle | undefined
   #tickAt = Infinity
-  /** Renewal calls sent to Redis since start (the measure of docs/guides/concurrency.md). */
-  renewals = 0
 
   constructor (parts: EngineParts, specsOf: SpecsOf) {
     this.#parts = parts
@@ -233,7 +231,6 @@ export class Slots {
         continue
       }
       const remote = this.#parts.remote
-      this.renewals++
       remote?.guard.run(() => remote.store.run(RENEW, [key], [leaseMs, ...ids]), this.#parts.defaultTimeout, []).catch(() => {})
     }
     if (shortest !== Infinity) this.#arm(shortest / 3)
