@@ -28,7 +28,7 @@ async function oneAtATime (t: Test, row: AdapterRow): Promise<void> {
   const prefix = uniquePrefix()
   const app = await row.start(t, {
     options: { redis, prefix, capacity: 100, refillPerSecond: 100, failureMode: 'closed', timeout: 1000, headers: 'draft-11' },
-    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 400 }]
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 }, failureMode: 'local', local: { max: 1 } }, handlerMs: 400 }]
   })
   const first = app.get('/export')
   await sleep(100)

@@ -50,6 +50,10 @@ export function concurrencyLimit (value: unknown, name: string): ConcurrencyLimi
  */
 export function localLimit (value: unknown, name: string): LocalPolicy {
   if (!isRecord(value) || !Object.hasOwn(value, 'max')) return localPolicy(value, name)
-  const { max } = parseFields(value, { max: CONCURRENCY_CHECKS.max }, name + '.', { max: 'an integer from 1 to ' + MAX_SLOTS })
+  // A semaphore parsed once (a route's fields, parsed again once merged into
+  // a policy) carries its size as capacity and rate: it parses to itself.
+  const { capacity, refillPerSecond, ...own } = value
+  const input = capacity === value.max && refillPerSecond === value.max ? own : value
+  const { max } = parseFields(input, { max: CONCURRENCY_CHECKS.max }, name + '.', { max: 'an integer from 1 to ' + MAX_SLOTS })
   return { capacity: max, refillPerSecond: max, max }
 }
