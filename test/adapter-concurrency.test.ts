@@ -101,7 +101,7 @@ async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void>
   await held.release()
 }
 
-t.test('the adapter\'s own cost does not apply to a concurrency policy', async (t) => {
+t.test('the adapter\'s own cost and plan do not apply to a concurrency policy', async (t) => {
   const redis = await sharedRedis(t)
   for (const cost of [2, () => 5]) {
     const app = Fastify()
@@ -111,6 +111,16 @@ t.test('the adapter\'s own cost does not apply to a concurrency policy', async (
     const answer = await app.inject('/x')
     t.equal(answer.statusCode, 200, `a cost of ${typeof cost === 'number' ? cost : 'a function returning 5'} on the plugin: the route takes its slot`)
   }
+  const planned = Fastify()
+  t.teardown(() => planned.close())
+  await planned.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, limit: () => ({ capacity: 1, refillPerSecond: 1 }), failureMode: 'closed', timeout: 1000, global: false })
+  planned.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 2 } } } }, async () => 'ok')
+  t.same([(await planned.inject('/x')).statusCode, (await planned.inject('/x')).statusCode], [200, 200], 'nor does its plan')
+  const own = Fastify()
+  t.teardown(() => own.close())
+  await own.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, failureMode: 'closed', timeout: 1000, global: false })
+  t.throws(() => own.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 2 }, limit: () => false } } }, async () => 'ok'),
+    { code: 'TOLLGATE_INVALID_OPTION', message: /limit` must be unset with `concurrency`/ }, 'a plan on the policy itself is refused')
 })
 
 for (const row of [...ADAPTERS, EXPRESS4]) {

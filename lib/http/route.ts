@@ -141,6 +141,9 @@ export function compileRoute<Req> (
     const fields: RouteFields = parseFields(entry, dialect.checks, at, {}, dialect.adapter)
     // Before the merge, which drops the adapter's lease from a list's policies.
     if (list.length > 1) checkCombination({ lease: fields.lease }, ['list'], at)
+    if (fields.concurrency !== undefined && fields.limit !== undefined) {
+      throw optionError(`${at}limit`, fields.limit, 'unset with `concurrency` (a plan sizes a rate: list a rate policy beside it)')
+    }
     const base = defaults.bucket ?? name
     const merged: RouteFields = { ...mergedOver(defaults, fields), ...(list.length > 1 ? { lease: undefined } : {}) }
     const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
@@ -168,7 +171,8 @@ export function compileRoute<Req> (
     headers: shown.length === 0 ? false : routeWide(entries, defaults, 'headers') ?? 'draft-6',
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     problemDetails: routeWide(entries, defaults, 'problemDetails') ?? false,
-    tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
+    // The adapter's plan sizes its rate policies, never a concurrency policy (mergedOver).
+    tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.concurrency === undefined ? e.limit ?? defaults.limit : undefined))),
     settle,
     fields: entries,
     placement: dialect.placement,
