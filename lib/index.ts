@@ -17,7 +17,7 @@ export type {
 } from './adapters/fastify/types.js'
 export type {
   BreakerMessage, BreakerOptions, Decision, DecisionMessage, DecisionSource, FailureMode, FallbackCounts, InstrumentOptions, Limiter,
-  LimiterOptions, LocalPolicy, Lockout, Logger, MetricAttributes, MetricsMeter, MetricsOptions, Policy, IoredisClient, NodeRedisClient, RedisClient, ValkeyGlideClient, StoreStateMessage
+  LimiterOptions, LocalPolicy, Lockout, Logger, Acquired, ConcurrencyLimit, ConcurrencyPolicy, MetricAttributes, MetricsMeter, MetricsOptions, Policy, IoredisClient, NodeRedisClient, RedisClient, ValkeyGlideClient, StoreStateMessage
 } from './core/types.js'
 
 /**

@@ -13,7 +13,8 @@
 -- KEYS[1]  a key of no bucket (`<prefix>:warm`): read; then, only when it
 --          does not exist (so the probe never overwrites anything), written
 --          with a 1 ms TTL (PSETEX as the buckets are, SET NX as the key
---          secret is) and deleted: nothing is left behind.
+--          secret is) and deleted, then made a sorted set as the slots are
+--          (1 ms TTL) and emptied: nothing is left behind.
 -- ARGV     none.
 --
 -- Returns a flat array: for each command that failed, its name, then the
@@ -36,9 +37,18 @@ end
 try('TIME')
 try('GET', key)
 try('TYPE', key)
+try('ZCARD', key)
+try('ZSCORE', key, 'probe')
+try('ZRANGEBYSCORE', key, 0, 0)
 if try('PTTL', key) == -2 then
   try('PSETEX', key, 1, 0)
   try('SET', key, 0, 'PX', 1, 'NX')
   try('DEL', key)
+  -- The slot commands (lua/concurrency*.lua) on a sorted set that expires
+  -- in 1 ms before its one member is removed: nothing is left behind.
+  try('ZADD', key, 0, 'probe')
+  try('PEXPIRE', key, 1)
+  try('ZREMRANGEBYSCORE', key, 0, 0)
+  try('ZREM', key, 'probe')
 end
 return failed

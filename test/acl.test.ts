@@ -38,9 +38,9 @@ const ANYWHERE = ['~*', '&*']
 const CASES: Case[] = [
   { name: 'least privilege: +@read +@write +@scripting (TIME is only in @fast)', rules: [...ANYWHERE, '+@read', '+@write', '+@scripting'], says: /\(TIME refused; .*\): grant \+time to/ },
   { name: '+@all -time', rules: [...ANYWHERE, '+@all', '-time'], says: /\(TIME refused; .*\): grant \+time to/ },
-  { name: 'read-only scripting: +@read +@scripting', rules: [...ANYWHERE, '+@read', '+@scripting'], says: /\(TIME, PSETEX, SET, DEL refused; .*\): grant \+time \+psetex \+set \+del to/ },
+  { name: 'read-only scripting: +@read +@scripting', rules: [...ANYWHERE, '+@read', '+@scripting'], says: /\(TIME, PSETEX, SET, DEL, ZADD, PEXPIRE, ZREMRANGEBYSCORE, ZREM refused; .*\): grant \+time \+psetex \+set \+del \+zadd \+pexpire \+zremrangebyscore \+zrem to/ },
   { name: 'keys outside the ACL: +@all ~other:*', rules: ['~other:*', '&*', '+@all'], says: /\(NOPERM .*keys.*\): grant this Redis user the keys under tollgate's prefix/ },
-  { name: 'a read-only replica', says: /\(PSETEX, SET, DEL refused; READONLY .*\): the scripts write their buckets, so point the client at a writable primary/ }
+  { name: 'a read-only replica', says: /\(PSETEX, SET, DEL, ZADD, PEXPIRE, ZREMRANGEBYSCORE, ZREM refused; READONLY .*\): the scripts write their buckets, so point the client at a writable primary/ }
 ]
 
 /** A subscriber without @pubsub is told of once, on its own (lib/core/invalidation.ts); it is not the store's line. */

@@ -10,7 +10,8 @@ import { KeyNames, WARM_TIMEOUT_MS } from './key-secret.js'
 import { MemoryStore } from '../store/memory-store.js'
 import { Metrics } from './metrics.js'
 import { DEFAULT_BREAKER, DEFAULT_PREFIX, DEFAULT_TIMEOUT, isRecord, nonEmptyString, positiveNumber } from './options.js'
-import { checkLimiterOptions, checkPolicies, checkPolicy } from './policy.js'
+import { checkLimiterOptions, checkPolicies, checkPolicy, parsePolicy } from './policy.js'
+import { Slots } from './concurrency.js'
 import { checkCombination, checkCost } from './policy-fields.js'
 import { processWarnings } from './process-warnings.js'
 import { RedisStore } from '../store/redis-store.js'
@@ -18,7 +19,7 @@ import type { StoreClient } from '../store/client.js'
 import type { RemoteStore } from '../store/store.js'
 import type { Remote } from './remote.js'
 import { settlements, type Reservation } from './settle.js'
-import type { Decision, Limiter, LimiterOptions, Logger, Policy } from './types.js'
+import type { Acquired, ConcurrencyPolicy, Decision, Limiter, LimiterOptions, Logger, Policy } from './types.js'
 import { Waiters } from './waiters.js'
 
 export { decisionChannel } from './engine.js'
@@ -38,6 +39,8 @@ export interface Core {
   decide(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined, consume: boolean): Promise<Decision>
   /** A reserve, one cost per policy, already checked (as `decide`); settled through `limiter.settle`. */
   reserve(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Reservation>
+  /** An acquisition of a list with concurrency policies (lib/core/concurrency.ts), one cost per policy, already checked (as `decide`). */
+  acquire(clientKey: string, policies: readonly Policy[], costs: readonly number[] | undefined): Promise<Acquired>
   /**
    * Loads the scripts (on every master of a Cluster) ahead of the first
    * decision; a store that cannot run them is marked failing, with one
@@ -98,11 +101,13 @@ export function createCore (options: LimiterOptions = {}, runtime: Runtime = {})
     })()
     return warming
   }
-  const limiter = facade(engine, parts, warm)
+  const slots = new Slots(parts, (clientKey, list, costs) => engine.specsOf(clientKey, list, costs))
+  const limiter = facade(engine, slots, parts, warm)
   return {
     limiter,
     decide: (clientKey, list, costs, consume) => engine.decide(clientKey, listOf(list), costs, consume),
     reserve: (clientKey, list, costs) => engine.reserve(clientKey, listOf(list), costs),
+    acquire: (clientKey, list, costs) => slots.acquire(clientKey, listOf(list), costs),
     warm,
     // Only the adapters call `down`, and only with a `redis`, hence a guard.
     down: (err: StoreError, message: string) => { guard?.down(err, message) },
@@ -176,8 +181,26 @@ function isList (input: Policy | readonly Policy[]): input is readonly Policy[] 
 }
 
 /** The public limiter over an engine: every argument checked here, once. */
-function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>): Limiter {
+function facade (engine: Engine, slots: Slots, parts: EngineParts, warm: () => Promise<void>): Limiter {
   const checked = new WeakSet<object>()
+  // acquire's policies, parsed once each: a concurrency policy gets its sizes there (lib/core/policy-fields.ts checkRequired).
+  const parsed = new WeakMap<object, Policy>()
+
+  function acquired (input: ConcurrencyPolicy | Policy | ReadonlyArray<ConcurrencyPolicy | Policy>): NonEmpty<Policy> {
+    const list = (Array.isArray(input) ? input : [input]).map((policy: unknown) => {
+      // Not an object: parsePolicy throws, naming it.
+      if (!isRecord(policy)) return parsePolicy(policy)
+      let made = parsed.get(policy)
+      if (made === undefined) {
+        made = parsePolicy(policy)
+        parsed.set(policy, made)
+      }
+      return made
+    })
+    if (!isNonEmpty(list)) throw optionError('policy', input, 'a policy or a non-empty array of policies')
+    checkPolicies(list)
+    return list
+  }
 
   function policiesOf (input: Policy | readonly Policy[]): NonEmpty<Policy> {
     const list = isList(input) ? input : [input]
@@ -202,6 +225,7 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
   async function decide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
     const list = policiesOf(input)
     checkCall(clientKey, list, cost)
+    for (const p of list) checkCombination(p, ['decide'], 'policy.')
     return await engine.decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)
   }
 
@@ -223,7 +247,15 @@ function facade (engine: Engine, parts: EngineParts, warm: () => Promise<void>):
       checkCall(clientKey, [], undefined)
       await engine.reset(clientKey, bucket)
     },
-    close: () => engine.close(),
+    async acquire (clientKey, policy) {
+      const list = acquired(policy)
+      checkCall(clientKey, list, undefined)
+      return await slots.acquire(clientKey, list, undefined)
+    },
+    async close () {
+      await slots.close()
+      await engine.close()
+    },
     get state () {
       return parts.remote?.guard.state ?? 'healthy'
     },

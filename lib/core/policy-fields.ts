@@ -14,15 +14,20 @@
 // bucket: it knows neither lockouts, nor waits, nor shadow policies, and a
 // leased bucket is spent from this server's batch, which a settlement
 // cannot reach. A shadow policy never holds a request, so it cannot wait.
+// A concurrency policy (lib/core/concurrency.ts) holds slots, not tokens:
+// it has no sizes, cost, lease, lockout or wait of its own (`concurrency`
+// refuses them), a reservation cannot settle a slot, and a consume or peek
+// has no release to give one back (`acquire` takes slots).
 
 import { optionError } from './errors.js'
+import { concurrencyLimit, localLimit } from './concurrency-policy.js'
 import {
-  FAILURE_MODES, MAX_WINDOW_US, deadlineMs, isBoolean, lease, localPolicy, lockout, maxWaitMs, nonEmptyString, oneOf, positiveNumber, type Parse
+  FAILURE_MODES, MAX_WINDOW_US, deadlineMs, isBoolean, lease, lockout, maxWaitMs, nonEmptyString, oneOf, positiveNumber, type Parse
 } from './options.js'
 import type { Policy } from './types.js'
 
 /** Where a policy is used, besides alone on a route or in a call. */
-export type Use = 'list' | 'reserve' | 'settle' | 'shadow'
+export type Use = 'list' | 'reserve' | 'settle' | 'shadow' | 'concurrency' | 'decide'
 
 /** Marks a required field whose missing value the caller words (an adapter: where to set it). */
 const EXPECTED = Symbol('expected')
@@ -52,28 +57,37 @@ function field<T> (parse: Parse<T>, rest: Omit<Field<T>, 'parse'> = {}): Field<T
 export const LEASE_IN_LIST = 'unset in an array of policies (leases serve single-policy routes)'
 const SINGLE_POLICY = 'unset in an array of policies (it serves single-policy checks)'
 const UNSETTLED = 'unset to reserve and settle (a settlement charges a plain bucket)'
+const SLOTS_ONLY = 'unset with `concurrency` (a concurrency policy limits concurrency only: list a rate policy beside it)'
 
 /** The policy's fields, in the order their errors are reported. */
 export const POLICY_FIELDS = {
   bucket: field(nonEmptyString, { required: 'set', store: true }),
-  capacity: field(positiveNumber, { required: EXPECTED, store: true }),
-  refillPerSecond: field(positiveNumber, { required: EXPECTED, store: true }),
-  cost: field(positiveNumber, { store: true }),
+  capacity: field(positiveNumber, { required: EXPECTED, store: true, refused: { concurrency: SLOTS_ONLY } }),
+  refillPerSecond: field(positiveNumber, { required: EXPECTED, store: true, refused: { concurrency: SLOTS_ONLY } }),
+  cost: field(positiveNumber, { store: true, refused: { concurrency: SLOTS_ONLY } }),
   failureMode: field(oneOf(FAILURE_MODES), { required: "one of 'open', 'closed', 'local'" }),
-  local: field(localPolicy),
+  local: field(localLimit),
   timeout: field(deadlineMs),
   lease: field(lease, {
     refused: {
       list: LEASE_IN_LIST,
+      concurrency: SLOTS_ONLY,
       reserve: 'unset to reserve: a leased bucket is spent from this server\'s batch, which a settlement cannot reach',
       settle: 'unset on a route that settles: leased tokens are spent from this server\'s batch, and a settlement could neither refund into it nor charge past it'
     }
   }),
   shadow: field(isBoolean, { path: 'shadow', refused: { reserve: UNSETTLED, settle: UNSETTLED } }),
-  lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED } }),
+  lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY } }),
   maxWaitMs: field(maxWaitMs, {
     path: 'ext',
-    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
+    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
+  }),
+  concurrency: field(concurrencyLimit, {
+    refused: {
+      reserve: 'unset to reserve and settle (a settlement charges tokens, not slots)',
+      settle: 'unset on a route that settles (a settlement charges tokens, not slots)',
+      decide: 'unset to consume or peek (slots are taken with acquire, and given back by its release)'
+    }
   })
 } satisfies { readonly [K in keyof Policy]-?: Field<NonNullable<Policy[K]>> }
 
@@ -113,13 +127,30 @@ export function policyFields (input: object): Record<string, unknown> {
 
 /**
  * The fields a policy needs (in the table's order), each named in its own
- * error when missing; `expected` words a missing capacity or rate.
+ * error when missing; `expected` words a missing capacity or rate. A
+ * concurrency policy needs no sizes (and refuses them): it is given its
+ * `max` as capacity and rate (a one-second window), so that every path that
+ * reads a policy's sizes reads numbers, and headers show `max` as its quota.
  */
-export function checkRequired<F extends Readonly<Partial<Policy>>> (fields: F, where: string, expected: string): asserts fields is F & Policy {
+export function checkRequired<F extends Partial<Policy>> (fields: F, where: string, expected: string): asserts fields is F & Policy {
+  const slots = fields.concurrency
+  if (slots !== undefined) {
+    checkCombination(fields, ['concurrency'], where)
+    fields.capacity = slots.max
+    fields.refillPerSecond = slots.max
+  }
+  checkLocal(fields, slots !== undefined, where)
   for (const name of NAMES) {
     const required = POLICY_FIELDS[name].required
     if (required !== undefined && fields[name] === undefined) throw optionError(where + name, undefined, required === EXPECTED ? expected : required)
   }
+}
+
+/** `local` as its policy's kind needs it: `{ max }` for a concurrency policy, `{ capacity, refillPerSecond }` for a rate. */
+function checkLocal (fields: Partial<Policy>, slots: boolean, where: string): void {
+  const local = fields.local
+  if (local === undefined || (local.max !== undefined) === slots) return
+  throw optionError(where + 'local', local, slots ? 'an object { max } with `concurrency`' : 'an object { capacity, refillPerSecond }')
 }
 
 /**

@@ -58,6 +58,16 @@ export interface Lockout {
 export interface LocalPolicy {
   capacity: number
   refillPerSecond: number
+  /** A concurrency policy's in-process semaphore: its size (capacity and rate then equal it). */
+  max?: number | undefined
+}
+
+/** At most `max` requests of one client in flight at once (SPEC 13). */
+export interface ConcurrencyLimit {
+  /** Slots per client and bucket, an integer from 1 to 100 000. */
+  max: number
+  /** How long a slot whose server died still counts, whole ms from 1000 (default 60 000); renewed while held. */
+  leaseMs?: number | undefined
 }
 
 /** A limit, as the core takes it. */
@@ -91,6 +101,29 @@ export interface Policy {
    * once in the store, instead of being denied. Single-policy checks only.
    */
   maxWaitMs?: number | undefined
+  /**
+   * A concurrency limit instead of a rate (taken with `acquire`): no
+   * capacity, rate or cost; list it beside a rate policy to limit both.
+   */
+  concurrency?: ConcurrencyLimit | undefined
+}
+
+/** A concurrency policy as an app writes it: no bucket sizes of its own. */
+export type ConcurrencyPolicy = Omit<Policy, 'capacity' | 'refillPerSecond' | 'cost' | 'concurrency' | 'local'> & {
+  concurrency: ConcurrencyLimit
+  /** Required with failureMode 'local': an in-process semaphore of `max` slots (per app server). */
+  local?: { max: number } | undefined
+  capacity?: undefined
+  refillPerSecond?: undefined
+  cost?: undefined
+}
+
+/** A decision that may hold concurrency slots, given back by `release`. */
+export interface Acquired {
+  /** The decision, as `consume` gives one; a concurrency policy's `limit` is its `max`, `remaining` the free slots. */
+  readonly decision: Decision
+  /** Gives the slots back (at once in this process, then in the store); a second call does nothing. */
+  release(): Promise<void>
 }
 
 /** Circuit breaker settings. */
@@ -194,8 +227,14 @@ export interface Limiter {
   readonly failedSettlements: number
   reset(clientKey: string, bucket: string): Promise<void>
   /**
+   * Takes a slot of each concurrency policy and spends each rate policy's
+   * cost, all or nothing, in one store call; the slots are held (renewed
+   * before their lease ends) until `release()` or `close()`.
+   */
+  acquire(clientKey: string, policy: ConcurrencyPolicy | Policy | ReadonlyArray<ConcurrencyPolicy | Policy>): Promise<Acquired>
+  /**
    * Stops timers and drops local state; consumes waiting for reserved
-   * tokens resolve at once as denied. Never closes the Redis client.
+   * tokens resolve at once as denied; held concurrency slots are released. Never closes the Redis client.
    */
   close(): Promise<void>
   /**

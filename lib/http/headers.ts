@@ -31,6 +31,9 @@ export interface HeaderPolicy {
   capacity: number
   refillPerSecond: number
   bucket: string
+  /** Set on a concurrency policy (its `max` is its capacity), as `max` is on its local semaphore. */
+  concurrency?: object | undefined
+  max?: number | undefined
 }
 
 /**
@@ -90,16 +93,17 @@ export function sfString (text: string): string {
 export class PolicyHeaders {
   readonly #single = new Map<string, string>()
   readonly #rates = new Map<string, number>()
-  readonly #list: string
-  readonly #localList: string
+  /** The draft-10 list, then draft-11's (which names a concurrency policy's unit). */
+  readonly #list: readonly [string, string]
+  readonly #localList: readonly [string, string]
 
   constructor (policies: readonly HeaderPolicy[], local: readonly HeaderPolicy[]) {
     for (const p of policies) this.#single.set(p.bucket, draft6Policy(p))
     for (const p of local) this.#single.set('\0' + p.bucket, draft6Policy(p))
     for (const p of policies) this.#rates.set(p.bucket, p.refillPerSecond)
     for (const p of local) this.#rates.set('\0' + p.bucket, p.refillPerSecond)
-    this.#list = draft10List(policies)
-    this.#localList = draft10List(local)
+    this.#list = [draftList(policies, false), draftList(policies, true)]
+    this.#localList = [draftList(local, false), draftList(local, true)]
   }
 
   single (decision: Decision): string | undefined {
@@ -111,8 +115,8 @@ export class PolicyHeaders {
     return this.#rates.get(decision.source === 'local' ? '\0' + decision.bucket : decision.bucket) ?? 0
   }
 
-  list (decision: Decision): string {
-    return decision.source === 'local' ? this.#localList : this.#list
+  list (decision: Decision, units = false): string {
+    return (decision.source === 'local' ? this.#localList : this.#list)[units ? 1 : 0]
   }
 }
 
@@ -120,8 +124,17 @@ function draft6Policy (p: HeaderPolicy): string {
   return `${limitShown(p.capacity)};w=${windowSeconds(p)}`
 }
 
-function draft10List (policies: readonly HeaderPolicy[]): string {
-  return policies.map((p) => `${sfString(p.bucket)};q=${limitShown(p.capacity)};w=${windowSeconds(p)}`).join(', ')
+/**
+ * A RateLimit-Policy list. A concurrency policy (SPEC 13) states its `max`
+ * as its quota, with no window (it caps requests at once, not over time),
+ * and in draft-11 the unit `concurrent-requests`.
+ */
+function draftList (policies: readonly HeaderPolicy[], units: boolean): string {
+  return policies.map((p) => {
+    const head = `${sfString(p.bucket)};q=${limitShown(p.capacity)}`
+    if (p.concurrency === undefined && p.max === undefined) return `${head};w=${windowSeconds(p)}`
+    return units ? `${head};qu="concurrent-requests"` : head
+  }).join(', ')
 }
 
 /**
@@ -148,7 +161,7 @@ export function setHeaders<T> (target: T, set: HeaderSink<T>, mode: HeaderMode, 
     }
     set(target, 'ratelimit', value)
   } else if (mode === 'draft-11') {
-    set(target, 'ratelimit-policy', policies.list(decision))
+    set(target, 'ratelimit-policy', policies.list(decision, true))
     set(target, 'ratelimit', draft11Value(decision, policies, partition === undefined ? '' : `;pk=:${partition.toString('base64')}:`))
   } else if (mode === 'legacy') {
     set(target, 'x-ratelimit-limit', limitShown(decision.limit))

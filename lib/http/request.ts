@@ -10,7 +10,8 @@
 //   compile  compileRoute (lib/http/route.ts), once per route;
 //   decide   RequestLayer.decide: allow -> client key -> the client's plan
 //            (`limit`, lib/http/tiers.ts) -> costs -> one store decision, a
-//            reserve on a route that settles (undefined when `allow` or
+//            reserve on a route that settles, an acquisition of slots on a
+//            route with concurrency policies (undefined when `allow` or
 //            the plan let the request through);
 //   end      RequestLayer.ended, once per request from the adapter's end
 //            signal: releases what the request holds (lib/http/holds.ts;
@@ -37,7 +38,8 @@ import type { Core } from '../core/limiter.js'
 import { checkCost, costBound } from '../core/policy.js'
 import { shownDecision } from './answer.js'
 import type { RequestFn, RouteLimit } from './route.js'
-import { ended, holding, type End } from './holds.js'
+import { ended, hold, holding, type End } from './holds.js'
+import { hasSlots } from '../core/concurrency.js'
 import { reserveFor } from './settle-route.js'
 import type { Decision } from '../core/types.js'
 
@@ -160,6 +162,12 @@ export class RequestLayer<Req extends object> {
       checkCost(value, policy, refused)
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
+    }
+    if (limit.policies.some(hasSlots)) {
+      // Concurrency slots (SPEC 13), held until the request ends however it ends (lib/http/holds.ts).
+      const { decision, release } = await this.#core.acquire(client, limit.policies, costs)
+      if (decision.allowed) hold(request, release)
+      return { limit, decision }
     }
     const decision = limit.settle === undefined
       ? await this.#core.decide(client, limit.policies, costs, true)

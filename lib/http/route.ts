@@ -144,12 +144,15 @@ export function compileRoute<Req> (
     const fields: RouteFields = parseFields(entry, dialect.checks, at, {}, dialect.adapter)
     // Before the merge, which drops the adapter's lease from a list's policies.
     if (list.length > 1) checkCombination({ lease: fields.lease }, ['list'], at)
+    if (fields.concurrency !== undefined && fields.limit !== undefined) {
+      throw optionError(`${at}limit`, fields.limit, 'unset with `concurrency` (a plan sizes a rate: list a rate policy beside it)')
+    }
     const base = defaults.bucket ?? name
-    const merged: RouteFields = { ...defaults, ...fields, ...(list.length > 1 ? { lease: undefined } : {}) }
+    const merged: RouteFields = { ...mergedOver(defaults, fields), ...(list.length > 1 ? { lease: undefined } : {}) }
     const policy = toPolicy(merged, fields.bucket ?? (i === 0 ? base : `${base}#${i}`), at, dialect.hint, dialect.adapter)
     if (buckets.has(policy.bucket)) throw optionError(`${at}bucket`, policy.bucket, 'a name used once per route')
     buckets.add(policy.bucket)
-    costFns.push(declared<RequestFn<Req, number>>(fields.cost ?? defaults.cost))
+    costFns.push(declared<RequestFn<Req, number>>(merged.cost))
     entries.push(fields)
     policies.push(policy)
   }
@@ -176,7 +179,8 @@ export function compileRoute<Req> (
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     problemDetails: routeWide(entries, defaults, 'problemDetails') ?? false,
     partitionKey,
-    tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.limit ?? defaults.limit))),
+    // The adapter's plan sizes its rate policies, never a concurrency policy (mergedOver).
+    tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.concurrency === undefined ? e.limit ?? defaults.limit : undefined))),
     settle,
     fields: entries,
     placement: dialect.placement,
@@ -198,6 +202,17 @@ function declared<F> (fn: AppFunction | number | undefined): F | undefined {
 /** A setting of an adapter's own (parsed by its dialect as a function), or undefined. */
 function appFunction (value: unknown): AppFunction | undefined {
   return typeof value === 'function' ? value as AppFunction : undefined
+}
+
+/**
+ * A policy's fields over the adapter's: a concurrency policy takes none of
+ * the adapter's rate sizes or cost (SPEC 13: they do not apply to it), so
+ * that only the ones it sets itself are refused (lib/core/policy-fields.ts).
+ */
+function mergedOver (defaults: Defaults, fields: RouteFields): RouteFields {
+  if (fields.concurrency === undefined) return { ...defaults, ...fields }
+  const { capacity: _capacity, refillPerSecond: _refill, cost: _cost, ...rest } = defaults
+  return { ...rest, ...fields }
 }
 
 /** A route-wide setting: from the route's policies (parsed), else the adapter's options. */
@@ -255,7 +270,8 @@ export function programmaticPolicies (defaults: Defaults, adapter: Adapter): (po
         if (policy[name] !== undefined) throw optionError(`policy.${name}`, policy[name], 'unset: it is a route setting (the client key is the first argument)')
       }
       const fields: RouteFields = parseFields(policy, PROGRAMMATIC_CHECKS, 'policy.', {}, adapter)
-      core = toPolicy({ ...defaults, ...fields, cost: fields.cost ?? (typeof defaults.cost === 'number' ? defaults.cost : undefined) }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
+      const over = mergedOver(defaults, fields)
+      core = toPolicy({ ...over, cost: typeof over.cost === 'number' ? over.cost : undefined }, policy.bucket, 'policy.', BASE_DIALECT.hint, adapter)
       merged.set(policy, core)
     }
     return core

@@ -13,7 +13,7 @@
 
 import type { HeaderMode } from './headers.js'
 import type { Tier } from './tiers.js'
-import type { BreakerOptions, FailureMode, LimiterOptions, Logger, MetricsOptions, Policy, RedisClient } from '../core/types.js'
+import type { BreakerOptions, FailureMode, LimiterOptions, LocalPolicy, Logger, MetricsOptions, Policy, RedisClient } from '../core/types.js'
 
 /**
  * The fields of a policy that the programmatic API takes as well as a
@@ -22,7 +22,9 @@ import type { BreakerOptions, FailureMode, LimiterOptions, Logger, MetricsOption
  * bucket and cost, which a route names and prices its own way), so a new
  * field of the core's is an option of every adapter with no edit here.
  */
-export interface CorePolicyFields extends Partial<Omit<Policy, 'bucket' | 'cost' | 'capacity' | 'refillPerSecond' | 'failureMode'>> {
+export interface CorePolicyFields extends Partial<Omit<Policy, 'bucket' | 'cost' | 'capacity' | 'refillPerSecond' | 'failureMode' | 'local'>> {
+  /** The in-process limit of failureMode 'local': `{ capacity, refillPerSecond }`, or `{ max }` with `concurrency`. */
+  local?: LocalPolicy | { max: number } | undefined
   /** Largest burst, in tokens. */
   capacity?: number | undefined
   /** Tokens added per second. */

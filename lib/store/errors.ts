@@ -46,7 +46,9 @@ export function commandRefused (cause: unknown): cause is Error {
 }
 
 /** Every command lua/*.lua runs (lua/probe.lua tries each), for the fix of a refusal that does not name one. */
-export const SCRIPT_COMMANDS: readonly string[] = ['TIME', 'GET', 'TYPE', 'PTTL', 'PSETEX', 'SET', 'DEL']
+export const SCRIPT_COMMANDS: readonly string[] = [
+  'TIME', 'GET', 'TYPE', 'PTTL', 'PSETEX', 'SET', 'DEL', 'ZADD', 'ZCARD', 'ZSCORE', 'ZRANGEBYSCORE', 'ZREMRANGEBYSCORE', 'ZREM', 'PEXPIRE'
+]
 
 /**
  * What the operator does about a refusal (`message`: Redis's), given the

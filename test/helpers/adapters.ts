@@ -51,6 +51,8 @@ export interface RouteSpec {
   settled?: (path: string) => void
   /** The handler answers this many ms after it starts (at once without it). */
   handlerMs?: number
+  /** The handler fails (after `handlerMs`) with an error: the framework's 500. */
+  fails?: boolean
 }
 
 /** A programmatic policy: named bucket, numeric cost. */
@@ -140,8 +142,12 @@ function withKey (route: RouteSpec, key: (header: string) => unknown): object {
   return Array.isArray(route.policy) ? route.policy.map(withKey) : withKey(route.policy)
 }
 
-/** Express's handler of a route: `answer`, or `answer` `handlerMs` later. */
-function later (route: RouteSpec, answer: RequestHandler): RequestHandler {
+/** The error of a route that `fails`. */
+const HANDLER_FAILED = 'the handler failed'
+
+/** Express's handler of a route: `answer` (or the error of a route that `fails`), `handlerMs` later if set. */
+function later (route: RouteSpec, answered: RequestHandler): RequestHandler {
+  const answer: RequestHandler = route.fails === true ? (_req, _res, next) => { next(new Error(HANDLER_FAILED)) } : answered
   const ms = route.handlerMs
   if (ms === undefined) return answer
   return (req, res, next) => { setTimeout(() => { answer(req, res, next) }, ms) }
@@ -245,6 +251,7 @@ const honoRow: AdapterRow = {
       for (const route of spec.routes) {
         app.get(route.path, limit(keyed(route, key) as HonoPolicy), async (c) => {
           if (route.handlerMs !== undefined) await sleep(route.handlerMs)
+          if (route.fails === true) throw new Error(HANDLER_FAILED)
           handled.push(c.req.path)
           return c.body(sourceBody(c.get('rateLimit')), 200, { 'content-type': JSON_TYPE })
         })
@@ -279,6 +286,7 @@ const fastifyRow: AdapterRow = {
     for (const route of spec.routes) {
       app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit } }, async (request, reply) => {
         if (route.handlerMs !== undefined) await sleep(route.handlerMs)
+        if (route.fails === true) throw new Error(HANDLER_FAILED)
         handled.push(request.url.split('?')[0] as string)
         return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
       })

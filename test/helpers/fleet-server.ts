@@ -38,7 +38,8 @@ import type { RedisClient as TollgateClient } from '../../lib/index.js'
 import type { Family, Made } from './clients.js'
 import type { FleetServerConfig } from './fleet.js'
 import { LUA } from './model.js'
-import { trustAppClock } from './naive.js'
+import { naiveAcquire, trustAppClock } from './naive.js'
+import { randomUUID } from 'node:crypto'
 
 type RedisClient = Redis | Cluster
 
@@ -149,6 +150,7 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
       scope.addHook('onResponse', async (request) => {
         if (request.url.endsWith('/settle') && request.rateLimit?.allowed === true) settled++
       })
+      if (config.concurrency !== undefined) slotRoutes(scope, store, label, config.concurrency)
       scope.get('/hit', { config: { rateLimit: { bucket: config.bucket } } }, async (request) => ({
         server: config.name,
         source: request.rateLimit?.source
@@ -160,6 +162,39 @@ async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, c
   await app.listen({ host: '127.0.0.1', port: 0 })
   const address = app.server.address()
   return { port: typeof address === 'object' && address !== null ? address.port : 0, close: async () => { await app.close() } }
+}
+
+/**
+ * The routes of `concurrency` (see FleetServerConfig). The counter goes up
+ * once the handler holds its slot and down before its answer is sent, so
+ * it never counts a request whose slot was released: at every instant, it
+ * is at most the slots held.
+ */
+function slotRoutes (scope: import('fastify').FastifyInstance, store: FleetServerConfig['stores'][string], label: string, limit: NonNullable<FleetServerConfig['concurrency']>): void {
+  const counter: RedisClient = store.cluster === undefined ? new Redis(store.url ?? '') : new Cluster(store.cluster, store.clusterOptions ?? {})
+  counter.on('error', () => {})
+  clients.push(counter)
+  const tag = `${config?.prefix ?? ''}:{inflight}:${label}`
+  const held = async (key: string, holdMs: number): Promise<number> => {
+    const inFlight = await counter.incr(key)
+    await sleep(holdMs)
+    await counter.decr(key)
+    return inFlight
+  }
+  const holdOf = (request: import('fastify').FastifyRequest): number => Number(request.headers['x-hold-ms'] ?? 0)
+  scope.get('/slot', { config: { rateLimit: { bucket: `${config?.bucket ?? ''}:slots`, concurrency: limit } } }, async (request) => ({
+    server: config?.name,
+    source: request.rateLimit?.source,
+    inFlight: await held(`${tag}:slot`, holdOf(request))
+  }))
+  scope.get('/naive-slot', { config: { rateLimit: false } }, async (request, reply) => {
+    const id = randomUUID()
+    const key = `${tag}:naive-slots`
+    if (!(counter instanceof Redis) || !await naiveAcquire(counter, key, limit.max, id, limit.leaseMs ?? 60_000)) return await reply.code(429).send({ server: config?.name })
+    const inFlight = await held(`${tag}:naive`, holdOf(request))
+    await counter.zrem(key, id)
+    return { server: config?.name, inFlight }
+  })
 }
 
 async function expressApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {

@@ -51,6 +51,14 @@ export interface FleetServerConfig {
   lockout?: { after: number, withinMs: number, forMs: number }
   /** Fastify only: GET /<label>/leased, on bucket `<bucket>:leased`, with this lease */
   lease?: { tokens: number, maxAgeMs: number }
+  /**
+   * Fastify only: GET /<label>/slot, on bucket `<bucket>:slots`, with this
+   * concurrency limit, and GET /<label>/naive-slot, the same limit taken by
+   * test/helpers/naive.ts naiveAcquire (ioredis stores only); both hold
+   * `x-hold-ms` and answer `inFlight`, the requests in their handler across
+   * the fleet at the moment this one entered (a Redis counter).
+   */
+  concurrency?: { max: number, leaseMs?: number }
 }
 
 export interface Reply {

@@ -80,3 +80,19 @@ export function trustAppClock (redis: RedisClient, lua: string): void {
   // Object.assign types the client as having both the overloads and `replaced`.
   Object.assign(redis, { evalsha: replaced })
 }
+
+/**
+ * A concurrency slot taken in application code: drop ended leases and count
+ * (one round trip), decide in JavaScript, then add (another). Two requests
+ * that both count before either adds both take the last slot: the race
+ * lua/concurrency.lua exists to prevent (test/concurrency.test.ts).
+ */
+export async function naiveAcquire (redis: Redis, key: string, max: number, id: string, leaseMs: number): Promise<boolean> {
+  const now = Date.now()
+  await redis.zremrangebyscore(key, '-inf', now)
+  const taken = await redis.zcard(key)
+  if (taken >= max) return false
+  await redis.zadd(key, now + leaseMs, id)
+  await redis.pexpire(key, leaseMs)
+  return true
+}

@@ -30,7 +30,7 @@ t.test('refusalFix: the commands found refused, the one Redis names, or all the 
   const old = `ERR The user executing the script can't run this command or subcommand${SCRIPT}`
   t.equal(refusalFix(old, ['TIME', 'PSETEX']), "grant +time +psetex to tollgate's Redis user (ACL SETUSER <user> +time +psetex)")
   t.equal(refusalFix(`NOPERM User app has no permissions to run the 'time' command${SCRIPT}`, []), "grant +time to tollgate's Redis user (ACL SETUSER <user> +time)", "7.2 names the command")
-  t.equal(refusalFix(old, []), "grant +time +get +type +pttl +psetex +set +del to tollgate's Redis user (ACL SETUSER <user> +time +get +type +pttl +psetex +set +del)", 'before 7.2 it does not')
+  t.equal(refusalFix(old, []), "grant +time +get +type +pttl +psetex +set +del +zadd +zcard +zscore +zrangebyscore +zremrangebyscore +zrem +pexpire to tollgate's Redis user (ACL SETUSER <user> +time +get +type +pttl +psetex +set +del +zadd +zcard +zscore +zrangebyscore +zremrangebyscore +zrem +pexpire)", 'before 7.2 it does not')
   t.equal(refusalFix('NOPERM this user has no permissions to access one of the keys used as arguments', []), "grant this Redis user the keys under tollgate's prefix (~<prefix>:*)")
   t.equal(refusalFix(`READONLY You can't write against a read only replica.${SCRIPT}`, ['PSETEX', 'DEL']), 'the scripts write their buckets, so point the client at a writable primary')
   t.equal(refusalFix(`ERR Write commands are not allowed from read-only scripts.${SCRIPT}`, []), 'the scripts write their buckets, so point the client at a writable primary')

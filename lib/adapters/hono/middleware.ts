@@ -167,9 +167,15 @@ const HOOKS: MiddlewareHooks<Context, Context, Next, Response | undefined, HonoD
   },
   pass: async (c, next, listen, decided, closing) => {
     const rewrite = decided === undefined ? undefined : rewriter(c, decided, closing)
+    // On the Node server the end is the response's, listened for before the
+    // handler runs: a client that leaves mid-handler releases what its
+    // request holds at once (a concurrency slot, SPEC 13). Off it, the end
+    // is the handler's return.
+    const early = nodeResponse(c) !== undefined
+    if (early) listen?.()
     await next()
     rewrite?.()
-    listen?.()
+    if (!early) listen?.()
     return undefined
   },
   drop: () => new Response(null, { status: CLIENT_GONE }),

@@ -1,0 +1,133 @@
+// Concurrency limits on every adapter (SPEC 13), over the rows of
+// test/helpers/adapters.ts, Express 4 included, on a real Redis: a route
+// with `concurrency: { max: 1 }` admits one request at a time per client
+// (the adapter's own capacity and rate do not apply to it), answers the
+// next with a 429 and Retry-After: 1, and gives the slot back when the
+// response finishes, and when the client disconnects while the handler
+// still runs, when the handler fails, and on shutdown; the draft-11 headers name the unit; the slot set in Redis is
+// empty once every request has ended.
+//
+// Tolerances: the slow handler answers 400 ms after it starts; a request
+// sent 100 ms into it finds the slot taken on any machine that starts the
+// handler within 300 ms. After a disconnect, the slot is checked free
+// RELEASE_MS later: the release is one Redis call once the server sees the
+// socket close, a few ms, with room for a loaded 2-core machine.
+
+import { request } from 'node:http'
+import { setTimeout as sleep } from 'node:timers/promises'
+import Fastify from 'fastify'
+import t, { type Test } from 'tap'
+import tollgate from '../lib/index.js'
+import { sharedRedis, uniquePrefix } from './helpers/app.js'
+import { ADAPTERS, EXPRESS4, type AdapterRow } from './helpers/adapters.js'
+
+const RELEASE_MS = 150
+
+async function oneAtATime (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, capacity: 100, refillPerSecond: 100, failureMode: 'closed', timeout: 1000, headers: 'draft-11' },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 }, failureMode: 'local', local: { max: 1 } }, handlerMs: 400 }]
+  })
+  const first = app.get('/export')
+  await sleep(100)
+  const second = await app.get('/export')
+  t.equal(second.status, 429, 'the one slot is taken: the next request is refused')
+  t.equal(second.headers['retry-after'], '1', 'Retry-After: 1')
+  t.equal(second.headers['ratelimit-policy'], '"exports";q=1;qu="concurrent-requests"', 'draft-11 names the unit, with no window')
+  const done = await first
+  t.equal(done.status, 200)
+  t.equal(done.headers['ratelimit'], '"exports";r=0;t=1', 'no slot left while it ran')
+  t.equal((await app.get('/export')).status, 200, 'finished: the slot is free again')
+
+  // The client goes away 100 ms into the 400 ms handler: the slot comes back at once.
+  const gone = request({ ...app.at, path: '/export' })
+  gone.on('error', () => {})
+  gone.end()
+  await sleep(100)
+  gone.destroy()
+  await sleep(RELEASE_MS)
+  const after = await app.get('/export')
+  t.equal(after.status, 200, 'the client left mid-handler: its slot was given back while its handler still ran')
+  await sleep(500)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'every slot given back: no slot set left in Redis')
+  t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
+}
+
+async function failing (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/fails', policy: { bucket: 'fails', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 50, fails: true }]
+  })
+  for (let i = 0; i < 3; i++) {
+    t.equal((await app.get('/fails')).status, 500, `a handler that fails: its 500 (${i + 1})`)
+    await sleep(RELEASE_MS)
+  }
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'each released its slot: the next one took it, and none is left')
+}
+
+async function badValues (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  for (const [concurrency, message] of [[{ max: 0 }, /concurrency\.max` must be an integer from 1 to 100000, got 0/], [{ max: 1, leaseMs: 10 }, /concurrency\.leaseMs` must be an integer from 1000/]] as const) {
+    await t.rejects(row.start(t, {
+      options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+      routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency } }]
+    }), { code: 'TOLLGATE_INVALID_OPTION', message }, `${JSON.stringify(concurrency)} is refused at start-up`)
+  }
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, capacity: 5 } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
+}
+
+async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 } }, handlerMs: 300 }]
+  })
+  const held = await app.api.limiter.acquire('other', { bucket: 'exports', concurrency: { max: 2 }, failureMode: 'closed' })
+  t.equal(held.decision.allowed, true)
+  const inFlight = app.get('/export')
+  await sleep(100)
+  t.equal((await redis.keys(`${prefix}:*!slots`)).length, 2, 'two clients hold a slot')
+  await app.shutdown(first)
+  t.equal((await inFlight).status, 200, 'the request in flight is answered')
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'the shutdown gave back every slot, the programmatic one too')
+  await held.release()
+}
+
+t.test('the adapter\'s own cost and plan do not apply to a concurrency policy', async (t) => {
+  const redis = await sharedRedis(t)
+  for (const cost of [2, () => 5]) {
+    const app = Fastify()
+    t.teardown(() => app.close())
+    await app.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, cost, failureMode: 'closed', timeout: 1000, global: false })
+    app.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 1 } } } }, async () => 'ok')
+    const answer = await app.inject('/x')
+    t.equal(answer.statusCode, 200, `a cost of ${typeof cost === 'number' ? cost : 'a function returning 5'} on the plugin: the route takes its slot`)
+  }
+  const planned = Fastify()
+  t.teardown(() => planned.close())
+  await planned.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, limit: () => ({ capacity: 1, refillPerSecond: 1 }), failureMode: 'closed', timeout: 1000, global: false })
+  planned.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 2 } } } }, async () => 'ok')
+  t.same([(await planned.inject('/x')).statusCode, (await planned.inject('/x')).statusCode], [200, 200], 'nor does its plan')
+  const own = Fastify()
+  t.teardown(() => own.close())
+  await own.register(tollgate, { redis, prefix: uniquePrefix(), capacity: 3, refillPerSecond: 1, failureMode: 'closed', timeout: 1000, global: false })
+  t.throws(() => own.get('/x', { config: { rateLimit: { bucket: 'x', concurrency: { max: 2 }, limit: () => false } } }, async () => 'ok'),
+    { code: 'TOLLGATE_INVALID_OPTION', message: /limit` must be unset with `concurrency`/ }, 'a plan on the policy itself is refused')
+})
+
+for (const row of [...ADAPTERS, EXPRESS4]) {
+  t.test(row.name, async (t) => {
+    t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
+    t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
+    t.test('released when the handler fails', (t) => failing(t, row))
+    for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))
+  })
+}
