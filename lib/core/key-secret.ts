@@ -17,7 +17,7 @@
 // Why not a digest without a secret: anyone who reads this code could then
 // compute which ids share a slot, and send all their load to one master.
 
-import { randomBytes, createHmac } from 'node:crypto'
+import { randomBytes, createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { StoreError } from './errors.js'
 import type { Guard } from './guard.js'
 import { clientId, hashTag } from './keys.js'
@@ -45,17 +45,18 @@ export class KeyNames {
   readonly #prefix: string
   readonly #option: Buffer | undefined
   readonly #source: SecretSource | undefined
-  /** The fleet's secret; undefined until read from Redis. */
-  #secret: Buffer | undefined
+  /** The fleet's secret, as hashTag takes it (made once); undefined until read from Redis. */
+  #secret: KeyObject | undefined
   /** Names keys while the fleet's secret is unknown: they are never sent to Redis (the guard holds). */
-  readonly #provisional = randomBytes(32)
+  readonly #provisional = createSecretKey(randomBytes(32))
   #loading: Promise<void> | undefined
 
   constructor (prefix: string, keySecret: string | undefined, source: SecretSource | undefined) {
     this.#prefix = prefix
     this.#option = keySecret === undefined ? undefined : Buffer.from(keySecret, 'utf8')
     this.#source = source
-    this.#secret = this.#option ?? (source === undefined ? randomBytes(32) : undefined)
+    const secret = this.#option ?? (source === undefined ? randomBytes(32) : undefined)
+    this.#secret = secret === undefined ? undefined : createSecretKey(secret)
     if (this.#secret === undefined) source?.guard.hold(new StoreError('TOLLGATE_STORE_DOWN', 'the fleet\'s key secret was not read from Redis yet'))
   }
 
@@ -109,7 +110,7 @@ export class KeyNames {
     }
     if (check !== undefined) logger.error({ key: checkKey }, `another server of this fleet sets keySecret (its digest is at ${checkKey}); this one does not: their buckets are split until every server sets the same keySecret`)
     // The script sets the secret where it is missing, so it replies one.
-    if (secret !== undefined) this.#secret = Buffer.from(secret, 'utf8')
+    if (secret !== undefined) this.#secret = createSecretKey(Buffer.from(secret, 'utf8'))
     guard.hold(undefined)
   }
 }
