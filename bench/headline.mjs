@@ -5,8 +5,9 @@
 // exact; 3 rounds, configurations alternating. bench/run.mjs with these
 // settings (any BENCH_* variable set still wins; see its header), the app
 // server pinned to one core and the load generator and Redis to the other
-// (bench/pin.mjs), on the Node that runs it. About 7 minutes on 2 cores;
-// it prints how long it took. Writes bench/RESULTS-headline.md.
+// (bench/pin.mjs), on the Node that runs it: 72 cells of 2 s of warm-up
+// and 3 s measured, each with its app server started afresh; it prints how
+// long it took. Writes bench/RESULTS-headline.md.
 //
 //   npm run bench:headline                     Node on PATH (24)
 //   npm run build && npx -y node@22 bench/headline.mjs
@@ -20,7 +21,8 @@ const HEADLINE = {
   BENCH_ROUNDS: '3',
   BENCH_SECONDS: '3',
   // W1 is unpaced: 2 s of warm-up is thousands of requests even at one in
-  // flight, and keeps the run near 7 minutes.
+  // flight. With the app server's start and stop (1.2 s a cell in a smoke
+  // run), 72 cells come to about 7.5 minutes.
   BENCH_WARMUP: '2',
   BENCH_OUT: new URL('./RESULTS-headline.md', import.meta.url).pathname
 }

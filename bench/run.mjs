@@ -21,7 +21,7 @@
 //   BENCH_WORKLOADS    only these workloads, e.g. W1,W4 (all; W1 means every level, W1/32 one)
 //   BENCH_LUA_CALLS    decisions per script in the script-only measurement (20000)
 //   BENCH_CPU_PROF     a directory: app servers CPU-profile each measured window into
-//                      <config>-<workload>-r<round>-<server>.cpuprofile there
+//                      <config>-<workload>-r<round>-<server>.cpuprofile there (W1/32 as W1-32)
 //                      (see bench/profile.mjs; profiling inflates the CPU figures)
 //   BENCH_OUT          where to write the report (bench/RESULTS.md)
 
@@ -309,7 +309,7 @@ async function runCell (config, workload, spec, round) {
   const apps = await Promise.all(Array.from({ length: workload.servers }, (_, i) => startApp({
     ...spec,
     trackClients: workload.servers > 1 ? [client, probeClient] : [],
-    profileFile: settings.profileDir === undefined ? undefined : join(settings.profileDir, `${config.id}-${workload.id}-r${round}-${i + 1}.cpuprofile`)
+    profileFile: settings.profileDir === undefined ? undefined : join(settings.profileDir, `${config.id}-${workload.id.replace('/', '-')}-r${round}-${i + 1}.cpuprofile`)
   })))
   try {
     const ports = apps.map((a) => a.port)

@@ -39,7 +39,9 @@ export const WARM_TIMEOUT_MS = 1000
  * Client parts kept once named, by client key (see KeyNames.clientPart):
  * the HMAC of a hash tag is most of what naming a key costs, and a client
  * asks again and again. Only keys of up to PART_KEY_MAX characters are
- * kept, so the cache holds at most about 2.5 MB, whatever the clients send.
+ * kept, so the cache stays near 3 MB whatever the clients send (measured
+ * full on Node 24: 3.1 MB with ids of 64 characters, 2.6 MB with IPv4
+ * addresses).
  */
 const PARTS_MAX = 10_000
 const PART_KEY_MAX = 64
