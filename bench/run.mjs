@@ -27,7 +27,7 @@
 
 import { fork } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
-import { availableParallelism, loadavg } from 'node:os'
+import { cpus as machineCpus, loadavg } from 'node:os'
 import { join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
@@ -443,7 +443,8 @@ async function main () {
     scripts: SCRIPTS,
     features,
     machine: {
-      nproc: availableParallelism(),
+      // The machine's, not this process's: it is pinned to one of them (bench/pin.mjs).
+      nproc: machineCpus().length,
       cpu: /model name\s*:\s*(.+)/.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1] ?? 'unknown',
       node: process.version,
       redis: redisVersion,
