@@ -25,13 +25,17 @@
 // Environment: ROUNDS (default 7), CALLS (decisions per round, default
 // 20000; 4000 at 1 in flight), LEVELS (default 1,8,32,128), TIMEOUT (the
 // limiter's deadline, ms, default 10, as in production: the sources printed
-// show whether any decision missed it).
+// show whether any decision missed it), BENCH_PIN (off: no CPU pinning,
+// see bench/pin.mjs; else this process on one core and Redis on another).
+// It runs on the Node that runs it: `npx -y node@22 bench/batch.mjs` for
+// Node 22.
 
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { resolve } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { Redis } from 'ioredis'
+import { APP_CPU, LOAD_CPU, describe, pin, pinning } from './pin.mjs'
 import { startRedis } from './redis.mjs'
 import { commandStats, statsDelta } from './stats.mjs'
 
@@ -44,7 +48,12 @@ const CALLS = Number(process.env.CALLS ?? 20_000)
 const LEVELS = (process.env.LEVELS ?? '1,8,32,128').split(',').map(Number)
 const TIMEOUT = Number(process.env.TIMEOUT ?? 10)
 
+// Redis inherits the core this process has when it starts it (bench/pin.mjs).
+const cpus = pinning()
+pin(cpus, process.pid, LOAD_CPU)
 const server = await startRedis()
+pin(cpus, process.pid, APP_CPU)
+const pinned = describe(cpus, 'this process (the decisions, every contender\'s)', 'Redis')
 const redis = new Redis({ host: server.host, port: server.port })
 const admin = new Redis({ host: server.host, port: server.port })
 await redis.ping()
@@ -100,6 +109,7 @@ const median = (xs) => {
 const f = (x, digits = 2) => x.toFixed(digits)
 
 const out = []
+out.push(`CPUs: ${pinned}.`, '')
 out.push(`Redis ${version}, Node ${process.version}; ${ROUNDS} rounds per level, contenders interleaved; ${CALLS} decisions per round (${Math.min(CALLS, 4000)} at 1 in flight), 64 clients, every decision allowed; deadline ${TIMEOUT} ms.`, '')
 out.push('Node CPU µs per decision: median [lowest–highest round], and ratio of the medians to @fastify/rate-limit\'s Redis store. Redis µs per decision: usec of EVALSHA + EVAL in INFO commandstats over the decisions (median); calls: script calls per decision.', '')
 out.push('| in flight | contender | Node CPU µs/decision | ratio to @fastify/rate-limit | Redis µs/decision | calls/decision | sources |')

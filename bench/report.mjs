@@ -20,6 +20,12 @@ function roundRange (ratios) {
   return finite.length < 2 ? '' : ` [${Math.min(...finite).toFixed(2)} to ${Math.max(...finite).toFixed(2)} within single rounds]`
 }
 
+/** ' [lowest–highest round]' of a figure, or '' with fewer than two rounds. */
+function valueRange (values, digits) {
+  const finite = values.filter((v) => Number.isFinite(v))
+  return finite.length < 2 ? '' : ` [${Math.min(...finite).toFixed(digits)}–${Math.max(...finite).toFixed(digits)}]`
+}
+
 /** Per framework: its bare app, its incumbent on Redis, tollgate exact and tollgate with `batch: false`. */
 const FRAMEWORKS = [
   { name: 'Fastify', bare: 'bare', peer: 'frl-redis', peerLabel: '@fastify/rate-limit Redis store', exact: 'tollgate-exact', single: 'tollgate-single' },
@@ -27,9 +33,9 @@ const FRAMEWORKS = [
   { name: 'Hono', bare: 'hono-bare', peer: 'hrl-redis', peerLabel: 'hono-rate-limiter Redis store', exact: 'hono-tollgate-exact' }
 ]
 
-/** The issue's target for tollgate exact / the incumbent, added CPU per request, by workload. */
+/** The target for tollgate exact / the incumbent, added CPU per request, by workload. */
 function cpuTarget (w) {
-  if (w.family === 'W1') return w.level === 1 ? 1.1 : w.level >= 32 ? 0.5 : undefined
+  if (w.family === 'W1') return w.level === 1 ? 1 : w.level <= 8 ? 0.6 : 0.35
   if (w.id === 'W4') return 0.8
   return undefined
 }
@@ -53,6 +59,7 @@ export function report (run) {
   out.push(`- Settings: ${settings.rounds} round(s) of every cell, configurations alternating within each round; ` +
     `${settings.seconds} s measured after ${settings.warmup} s of warm-up per cell; medians over rounds ` +
     `(over-admission: the largest over rounds). The run took ${run.minutes.toFixed(1)} min.`)
+  out.push(`- CPUs: ${machine.pinned ?? 'not pinned'}.`)
   out.push(`- Load generator, app servers and Redis share this machine; 127.0.0.1 only. ` +
     `Load average (1 min) at start ${machine.loadStart.toFixed(2)}, at end ${machine.loadEnd.toFixed(2)} (the benchmark's own processes included; other work on the machine shows above that).`)
   out.push(`- tollgate options in this build: \`denialCache\` ${run.features.denialCache ? 'yes' : 'no'}, \`lease\` ${run.features.lease ? 'yes' : 'no'}` +
@@ -87,12 +94,12 @@ export function report (run) {
       }
       const m = (pick) => med(w.id, c.id, pick)
       out.push(`| ${w.id} | ${c.id} | ${fixed(m((x) => x.rps), 0)} | ${fixed(m((x) => x.p50), 2)} | ${fixed(m((x) => x.p99), 2)} | ` +
-        `${fixed(m((x) => x.okPct), 1)} | ${fixed(m((x) => x.cpuUsPerReq), 1)} | ${fixed(m((x) => x.callsPerReq), 3)} | ` +
+        `${fixed(m((x) => x.okPct), 1)} | ${fixed(m((x) => x.cpuUsPerReq), 1)}${valueRange(cells(w.id, c.id).map((x) => x.cpuUsPerReq), 1)} | ${fixed(m((x) => x.callsPerReq), 3)} | ` +
         `${fixed(m((x) => x.statCallsPerReq), 3)} | ${fixed(m((x) => x.usPerCall), 2)} | ${fixed(m((x) => x.redisUsPerReq), 2)} | ${fixed(m((x) => x.keys), 0)} |`)
     }
   }
   out.push('')
-  out.push('- Node CPU µs/req: user + system CPU of the app server process(es) over the measured window, divided by the requests they received in it.')
+  out.push('- Node CPU µs/req: user + system CPU of the app server process(es) over the measured window, divided by the requests they received in it; the median of the rounds, and in brackets the lowest and highest round.')
   out.push('- Redis calls/req: commands the app servers sent to Redis (round trips; a script call is one), counted at their ioredis client.')
   out.push('- Redis cmds/req incl. in-script: the sum of `calls` over INFO commandstats (all commands but INFO), which also counts every ' +
     'command a script runs inside Redis (TIME, GET, SET, INCR, ...).')
@@ -224,16 +231,20 @@ export function report (run) {
       `(${fixed(floor === undefined || peer === undefined ? undefined : floor / peer, 2)} of @fastify/rate-limit's Redis store); ` +
       `above that floor, @fastify/rate-limit adds ${above(peer)} and tollgate exact ${above(exact)}`)
   }
-  for (const f of FRAMEWORKS) {
-    if (f.single === undefined) continue
-    const pairs = workloads.filter((w) => ran(w.id, f.exact) && ran(w.id, f.single))
-    if (pairs.length === 0) continue
+  // p99 of tollgate exact against another configuration of its framework, per workload both ran (target: no worse).
+  const p99Against = (f, other, label) => {
+    const pairs = workloads.filter((w) => ran(w.id, f.exact) && ran(w.id, other))
+    if (pairs.length === 0) return
     const text = pairs.map((w) => {
-      const batched = med(w.id, f.exact, (x) => x.p99)
-      const single = med(w.id, f.single, (x) => x.p99)
-      return `${w.id} ${fixed(batched, 2)} against ${fixed(single, 2)} (${verdict(batched / single, 1)})`
+      const mine = med(w.id, f.exact, (x) => x.p99)
+      const theirs = med(w.id, other, (x) => x.p99)
+      return `${w.id} ${fixed(mine, 2)} against ${fixed(theirs, 2)} (${verdict(mine / theirs, 1)})`
     })
-    out.push(`- ${f.name}: p99 latency in ms, tollgate exact against \`batch: false\` (a script call per request, the path before batching; target: no worse): ${text.join('; ')}`)
+    out.push(`- ${f.name}: p99 latency in ms, tollgate exact against ${label} (target: no worse): ${text.join('; ')}`)
+  }
+  for (const f of FRAMEWORKS) p99Against(f, f.peer, f.peerLabel)
+  for (const f of FRAMEWORKS) {
+    if (f.single !== undefined) p99Against(f, f.single, '`batch: false` (a script call per request, the path before batching)')
   }
   const alone = (name, pick) => lua[name] === undefined ? undefined : median(lua[name].map(pick))
   const usSeed = alone('seed', (x) => x.usPerDecision)

@@ -21,13 +21,13 @@
 //   BENCH_WORKLOADS    only these workloads, e.g. W1,W4 (all; W1 means every level, W1/32 one)
 //   BENCH_LUA_CALLS    decisions per script in the script-only measurement (20000)
 //   BENCH_CPU_PROF     a directory: app servers CPU-profile each measured window into
-//                      <config>-<workload>-r<round>-<server>.cpuprofile there
+//                      <config>-<workload>-r<round>-<server>.cpuprofile there (W1/32 as W1-32)
 //                      (see bench/profile.mjs; profiling inflates the CPU figures)
 //   BENCH_OUT          where to write the report (bench/RESULTS.md)
 
 import { fork } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
-import { availableParallelism, loadavg } from 'node:os'
+import { cpus as machineCpus, loadavg } from 'node:os'
 import { join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
@@ -35,6 +35,7 @@ import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate from 'tollgate'
 import { load } from './load.mjs'
+import { APP_CPU, LOAD_CPU, describe, pin, pinning } from './pin.mjs'
 import { SCRIPTS, defineScripts, measureScript } from './lua.mjs'
 import { startRedis } from './redis.mjs'
 import { commandStats, statsDelta } from './stats.mjs'
@@ -81,17 +82,17 @@ const CONFIGS = [
   { id: 'frl-local', label: '@fastify/rate-limit, in-process store' },
   { id: 'frl-redis', label: '@fastify/rate-limit, Redis store' },
   { id: 'round-trip', label: 'bare Fastify plus one Redis round trip per request, and nothing else (a hook awaiting EVALSHA of `return 1`): the floor of any limiter that asks Redis on every request' },
-  { id: 'tollgate-exact', label: 'tollgate, exact (the decisions of one event-loop turn in one script call)' },
+  { id: 'tollgate-exact', label: 'tollgate, exact (a decision sent at once when no call is out; those asked while one is, in one script call)' },
   { id: 'tollgate-single', label: 'tollgate, exact with `batch: false` (a script call per request, as before batching)' },
   { id: 'tollgate-cached', label: 'tollgate, local caches (denial cache; leases on W2 and W3)' },
   { id: 'express-bare', label: 'bare Express 5' },
   { id: 'erl-redis', label: 'express-rate-limit with rate-limit-redis, on Express 5' },
-  { id: 'express-tollgate-exact', label: 'tollgate/express, exact (batched per event-loop turn), on Express 5' },
+  { id: 'express-tollgate-exact', label: 'tollgate/express, exact (batched as tollgate-exact), on Express 5' },
   { id: 'express-tollgate-single', label: 'tollgate/express, exact with `batch: false`, on Express 5' },
   { id: 'express-tollgate-cached', label: 'tollgate/express, local caches (as tollgate-cached), on Express 5' },
   { id: 'hono-bare', label: 'bare Hono 4 on @hono/node-server' },
   { id: 'hrl-redis', label: 'hono-rate-limiter with its Redis store, on Hono 4' },
-  { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (batched per event-loop turn), on Hono 4' }
+  { id: 'hono-tollgate-exact', label: 'tollgate/hono, exact (batched as tollgate-exact), on Hono 4' }
 ].filter((c) => envList('BENCH_CONFIGS')?.includes(c.id) ?? true)
 
 /** W1, 10,000 clients each under its limit, at every level of requests in flight. */
@@ -154,6 +155,8 @@ const WORKLOADS = [
 const children = new Set()
 let redisServer
 let admin
+/** CPU pinning (bench/pin.mjs): app servers on one core, this process (the load generator) and Redis on the other. */
+const cpus = pinning()
 
 function killEverythingSync () {
   for (const child of children) child.kill('SIGKILL')
@@ -176,6 +179,7 @@ async function startApp (spec) {
     stdio: ['ignore', 'inherit', 'inherit', 'ipc']
   })
   children.add(child)
+  pin(cpus, child.pid, APP_CPU)
   const exited = new Promise((resolve) => child.once('exit', (code, signal) => {
     children.delete(child)
     resolve(signal ?? code)
@@ -305,7 +309,7 @@ async function runCell (config, workload, spec, round) {
   const apps = await Promise.all(Array.from({ length: workload.servers }, (_, i) => startApp({
     ...spec,
     trackClients: workload.servers > 1 ? [client, probeClient] : [],
-    profileFile: settings.profileDir === undefined ? undefined : join(settings.profileDir, `${config.id}-${workload.id}-r${round}-${i + 1}.cpuprofile`)
+    profileFile: settings.profileDir === undefined ? undefined : join(settings.profileDir, `${config.id}-${workload.id.replace('/', '-')}-r${round}-${i + 1}.cpuprofile`)
   })))
   try {
     const ports = apps.map((a) => a.port)
@@ -388,6 +392,10 @@ async function main () {
   const started = Date.now()
   const loadStart = loadavg()[0]
   if (settings.profileDir !== undefined) mkdirSync(settings.profileDir, { recursive: true })
+  // Before Redis starts: it inherits this process's core.
+  pin(cpus, process.pid, LOAD_CPU)
+  const pinned = describe(cpus, 'the app server(s)', 'the load generator (this process) and Redis')
+  process.stderr.write(`CPUs: ${pinned}; Node ${process.version}\n`)
   redisServer = await startRedis()
   admin = new Redis({ host: redisServer.host, port: redisServer.port })
   const redisVersion = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1] ?? 'unknown'
@@ -435,12 +443,14 @@ async function main () {
     scripts: SCRIPTS,
     features,
     machine: {
-      nproc: availableParallelism(),
+      // The machine's, not this process's: it is pinned to one of them (bench/pin.mjs).
+      nproc: machineCpus().length,
       cpu: /model name\s*:\s*(.+)/.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1] ?? 'unknown',
       node: process.version,
       redis: redisVersion,
       loadStart,
-      loadEnd: loadavg()[0]
+      loadEnd: loadavg()[0],
+      pinned
     },
     date: new Date().toISOString(),
     command: commandLine(),
@@ -450,7 +460,7 @@ async function main () {
   })
   process.stdout.write(text)
   writeFileSync(settings.out, text)
-  process.stderr.write(`written to ${settings.out}\n`)
+  process.stderr.write(`written to ${settings.out}; the run took ${((Date.now() - started) / 60_000).toFixed(1)} min\n`)
 }
 
 function commandLine () {
@@ -458,7 +468,8 @@ function commandLine () {
     .filter(([name]) => name.startsWith('BENCH_') && name !== 'BENCH_APP')
     .map(([name, value]) => `${name}=${value}`)
     .sort()
-  const run = process.env.npm_lifecycle_event === 'bench' ? 'npm run bench' : 'node bench/run.mjs'
+  const event = process.env.npm_lifecycle_event
+  const run = event?.startsWith('bench') === true ? `npm run ${event}` : `node ${process.argv[1]?.endsWith('headline.mjs') ? 'bench/headline.mjs' : 'bench/run.mjs'}`
   return [...vars, run].join(' ')
 }
 

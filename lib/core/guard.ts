@@ -17,6 +17,9 @@ type FallbackSource = Extract<DecisionSource, 'local' | 'fail-open' | 'fail-clos
 /** A breaker state, as 'tollgate:breaker' and the metrics name it. */
 export type BreakerState = 'closed' | 'open' | 'half-open'
 
+/** Sends one call: `sent` when it leaves, then exactly one of `done` and `failed`, once. */
+type Send<T> = (sent: () => void, done: (value: T) => void, failed: (cause: unknown) => void) => void
+
 /** How a store call settled: a reply, the deadline, or a rejection. */
 export type CallOutcome = 'ok' | 'timeout' | 'error'
 
@@ -129,7 +132,7 @@ export class Guard {
     const probe = this.#admit()
     if (probe === undefined) return Promise.resolve(fail())
     return new Promise<R>((resolve) => {
-      this.#watch((sent) => this.#store.decide(specs, consume, sent), timeoutMs, specs, probe,
+      this.#watch(sender(this.#store, specs, consume), timeoutMs, specs, probe,
         (reply, sentAt) => { resolve(ok(reply, sentAt)) },
         () => { resolve(fail()) })
     })
@@ -147,9 +150,9 @@ export class Guard {
     const probe = this.#admit()
     if (probe === undefined) return Promise.reject(new StoreError('TOLLGATE_BREAKER_OPEN', 'store skipped while the circuit breaker is open'))
     return new Promise<T>((resolve, reject) => {
-      this.#watch((sent) => {
+      this.#watch((sent, done, failed) => {
         sent()
-        return call()
+        call().then(done, failed)
       }, timeoutMs, specs, probe, resolve, reject, !secretRead)
     })
   }
@@ -206,14 +209,14 @@ export class Guard {
   }
 
   /**
-   * Sends `call` under a deadline; exactly one of `done` and `failed` runs,
-   * once. The deadline starts when the call is sent: at once, or, for a
-   * call that takes `sent`, when it calls it (a store that batches the
-   * decisions of a turn sends them at its end: that wait is the app's
-   * time, not Redis's). A call that settles before it was sent (it failed
-   * without sending) settles at once.
+   * Sends a call under a deadline; exactly one of `done` and `failed` runs,
+   * once. The deadline starts when the call is sent: when `send` calls
+   * `sent` (a store that batches sends a decision queued behind a call in
+   * flight later: that wait is the app's time, not Redis's). A call that
+   * settles before it was sent (it failed without sending) settles at once;
+   * so does one that throws.
    */
-  #watch<T> (call: (sent: () => void) => Promise<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
+  #watch<T> (send: Send<T>, timeoutMs: number, specs: readonly BucketSpec[], probe: boolean,
     done: (value: T, sentAt: number) => void, failed: (err: StoreError) => void, proves = true): void {
     let deadline: Deadline | undefined
     const start = (): Deadline => {
@@ -226,25 +229,25 @@ export class Guard {
       deadline = started
       return started
     }
-    let sent: Promise<T>
-    try {
-      sent = call(start)
-    } catch (cause) {
-      sent = Promise.reject(cause)
-    }
-    sent.then((value) => {
+    const settled = (value: T): void => {
       const started = start()
       if (!this.#deadlines.settle(started)) return
       this.#observer?.call(this.#time.now() - started.startedAt, 'ok')
       if (proves) this.#succeeded()
       else if (probe) this.#probing = false
       done(value, started.startedAt)
-    }, (cause: unknown) => {
+    }
+    const refused = (cause: unknown): void => {
       const started = start()
       if (!this.#deadlines.settle(started)) return
       this.#observer?.call(this.#time.now() - started.startedAt, 'error')
       failed(this.#refused(cause, probe, specs))
-    })
+    }
+    try {
+      send(start, settled, refused)
+    } catch (cause) {
+      refused(cause)
+    }
   }
 
   /**
@@ -304,6 +307,13 @@ export class Guard {
     this.#observer?.store('failing')
     if (stateChannel.hasSubscribers) stateChannel.publish({ state: 'failing', error: err })
   }
+}
+
+/** A decision's call to `store`: through its callbacks when it has them (decideWith), with no promise in between. */
+function sender (store: Store, specs: readonly BucketSpec[], consume: boolean): Send<StoreReply> {
+  const { decideWith } = store
+  if (decideWith === undefined) return (sent, done, failed) => { store.decide(specs, consume, sent).then(done, failed) }
+  return (sent, done, failed) => { decideWith.call(store, specs, consume, sent, done, failed) }
 }
 
 function asStoreError (cause: unknown): StoreError {

@@ -1,4 +1,4 @@
-import { createHash, createHmac } from 'node:crypto'
+import { createHash, createHmac, type KeyObject } from 'node:crypto'
 import { isIPv6 } from 'node:net'
 
 const SAFE_ID = /^[A-Za-z0-9._:-]{1,64}$/
@@ -41,8 +41,11 @@ export const TAG_LENGTH = 8
  * so whoever does not know the secret cannot tell which ids share a slot,
  * nor choose ids that do. The tag only places the key: the client part
  * after it keeps distinct ids apart, whatever two tags have in common.
+ * The limiter passes its secret as a KeyObject, made once: from a Buffer,
+ * createHmac makes a new one every call, which cost more than the rest of
+ * a decision's own work in Node 24 (about 11 µs against 1.6).
  */
-export function hashTag (secret: Buffer, id: string): string {
+export function hashTag (secret: Buffer | KeyObject, id: string): string {
   return createHmac('sha256', secret).update(id).digest('base64url').slice(0, TAG_LENGTH)
 }
 

@@ -222,11 +222,16 @@ function facade (engine: Engine, slots: Slots, parts: EngineParts, warm: () => P
     for (const policy of list) checkCost(cost, policy, (bound) => optionError('cost', cost, `at most ${bound} of bucket "${policy.bucket}"`))
   }
 
-  async function decide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
-    const list = policiesOf(input)
-    checkCall(clientKey, list, cost)
-    for (const p of list) checkCombination(p, ['decide'], 'policy.')
-    return await engine.decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)
+  /** The engine's own promise, not one more around it; whatever throws rejects it, as in an async function. */
+  function decide (clientKey: string, input: Policy | readonly Policy[], cost: number | undefined, consume: boolean): Promise<Decision> {
+    try {
+      const list = policiesOf(input)
+      checkCall(clientKey, list, cost)
+      for (const p of list) checkCombination(p, ['decide'], 'policy.')
+      return engine.decide(clientKey, list, cost === undefined ? undefined : list.map(() => cost), consume)
+    } catch (err) {
+      return Promise.reject(err)
+    }
   }
 
   return {

@@ -35,12 +35,20 @@ export const PROBE: Script = script('probe.lua')
 /** Most decisions of one batched script call, by default. */
 export const DEFAULT_BATCH_MAX = 64
 
+/**
+ * Longest a decision waits queued behind a call in flight before its
+ * queue is sent anyway, ms (see RedisStore). A reply on a healthy Redis
+ * takes well under a millisecond: a call out for longer is slow, and the
+ * decisions behind it should not pay for it.
+ */
+export const QUEUE_WAIT_MS = 2
+
 /** How a RedisStore sends plain decisions: batched (at most `maxDecisions` a call), or one call each (`false`). */
 export interface RedisStoreOptions {
   batch?: false | { maxDecisions?: number | undefined } | undefined
 }
 
-/** A plain decision waiting for the end of the event-loop turn. */
+/** A plain decision waiting to be sent (see RedisStore). */
 export interface Pending {
   readonly specs: readonly BucketSpec[]
   readonly consume: boolean
@@ -209,18 +217,33 @@ function settleKeys (specs: readonly BucketSpec[]): Array<string | number> {
  * Buckets in Redis, decided by lua/token-bucket.lua (leases by
  * lua/lease.lua), each call one EVALSHA.
  *
- * Plain decisions are batched: every one asked within one turn of the
- * event loop is sent at the end of the turn (a setImmediate, which runs
- * after the poll phase has read every socket that was ready, so it gathers
- * the decisions of all the requests that arrived together; a microtask
- * would run between two requests' callbacks and send each alone), as one
- * call of lua/token-bucket-batch.lua per `maxDecisions` (on a Cluster,
- * per set of keys: byKeys), or of lua/token-bucket.lua for a decision
- * alone. The batches of a turn go out together, pipelined on the one
- * connection. A decision is `sent` when
- * its batch is: its deadline (lib/core/guard.ts) counts from there, so the
- * wait for the end of the turn, the app's own time, is not counted as
- * Redis's lateness.
+ * Plain decisions are sent by one rule: at once when no decision call of
+ * this store is in flight, batched behind the calls that are.
+ *
+ * - Nothing in flight: the decision goes in a microtask, at the end of the
+ *   callback that asked it, so a lone request's call leaves in the turn it
+ *   was asked, with no wait for the end of the turn; the decisions that
+ *   callback asked with it (a route's several checks, a Promise.all) go in
+ *   the same call.
+ * - A call in flight: the decision queues. When a call returns, the queue
+ *   goes at the end of that turn (a setImmediate, which runs after the poll
+ *   phase has read every socket that was ready, so it gathers the requests
+ *   that arrived with the reply): while Redis works, the decisions that
+ *   arrive meanwhile gather into the next call, so the busier the server,
+ *   the larger its batches, without a timer or a wait on an idle one.
+ * - A decision never waits behind a slow call for longer than
+ *   QUEUE_WAIT_MS: then the queue is sent anyway, pipelined behind the
+ *   call, at the end of that turn. Its deadline (lib/core/guard.ts) counts
+ *   from its own call being sent, as every decision's does: the wait in the
+ *   queue, the app's time or a bound of a few milliseconds, is not counted
+ *   as Redis's lateness, and a Redis that hangs fails each queued decision
+ *   at its own deadline, QUEUE_WAIT_MS later at most than one sent at once.
+ *
+ * A flush sends one call of lua/token-bucket-batch.lua per `maxDecisions`
+ * (on a Cluster, per set of keys: byKeys), or of lua/token-bucket.lua for a
+ * decision alone, all pipelined on the one connection; a decision is `sent`
+ * when its call is. Calls in flight on one connection are answered in the
+ * order sent, so the decisions are decided in the order asked.
  *
  * A command is only sent while the client is connected: when it is not,
  * the call fails at once instead of waiting in the client's offline queue.
@@ -234,9 +257,14 @@ export class RedisStore implements RemoteStore {
   readonly target: string
   /** Most decisions of one batch; 0: no batching, one call per decision. */
   readonly #batchMax: number
-  /** Decisions of this turn, to be sent by `#flush`. */
+  /** Decisions to be sent by `#flush`. */
   #pending: Pending[] = []
+  /** `#flush` is scheduled: in a microtask or at the end of the turn. */
   #scheduled = false
+  /** Decision calls sent and not answered yet. */
+  #inFlight = 0
+  /** Sends the queue once it has waited QUEUE_WAIT_MS behind a call in flight; undefined when not armed. */
+  #waitTimer: ReturnType<typeof setTimeout> | undefined
   /** The client was seen ready once: its failures to connect from then on are Redis's (see #down). */
   #connected = false
   /** The last error of a client never connected yet, given again while its message holds (see #down). */
@@ -309,34 +337,59 @@ export class RedisStore implements RemoteStore {
   }
 
   /**
-   * A plain decision, in one promise: batched with the others of this turn
-   * (see the class), or one call of its own when batching is off. `sent` is
-   * called when the call carrying it is sent (not when it fails before
-   * that: the client is not connected).
+   * A plain decision, in one promise: see decideWith. `sent` is called when
+   * the call carrying it is sent (not when it fails before that: the client
+   * is not connected).
    */
   decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply> {
-    if (this.#redis.status !== 'ready') return Promise.reject(this.#down())
+    return new Promise<StoreReply>((resolve, reject) => { this.decideWith(specs, consume, sent, resolve, reject) })
+  }
+
+  /**
+   * A plain decision, answered through `resolve` or `reject` (exactly one,
+   * once; at once when the client is not connected): sent at once or
+   * batched (see the class), or in a call of its own when batching is off.
+   * The guard's path: no promise of its own.
+   */
+  decideWith (specs: readonly BucketSpec[], consume: boolean, sent: (() => void) | undefined,
+    resolve: (reply: StoreReply) => void, reject: (err: unknown) => void): void {
+    if (this.#redis.status !== 'ready') return reject(this.#down())
     this.#connected = true
-    if (this.#batchMax === 0) {
-      sent?.()
-      return this.#single(specs, consume)
-    }
-    return new Promise<StoreReply>((resolve, reject) => {
-      this.#pending.push({ specs, consume, sent, resolve, reject })
-      if (this.#scheduled) return
+    const p: Pending = { specs, consume, sent, resolve, reject }
+    if (this.#batchMax === 0) return this.#alone(p, true)
+    this.#pending.push(p)
+    if (this.#scheduled) return
+    if (this.#inFlight === 0) {
       this.#scheduled = true
-      setImmediate(this.#flush)
-    })
+      queueMicrotask(this.#flush)
+      return
+    }
+    this.#waitTimer ??= setTimeout(this.#waited, QUEUE_WAIT_MS).unref()
   }
 
-  /** One decision, one call of lua/token-bucket.lua, in one promise (`batch: false`). */
-  #single (specs: readonly BucketSpec[], consume: boolean): Promise<StoreReply> {
-    return new Promise<StoreReply>((resolve, reject) => {
-      this.#alone({ specs, consume, sent: undefined, resolve, reject }, false)
-    })
+  /** Sends the queue at the end of this turn (see the class). */
+  #schedule (): void {
+    this.#scheduled = true
+    setImmediate(this.#flush)
   }
 
-  /** Sends the decisions of this turn: by keys on a Cluster (see byKeys), `#batchMax` at most a call. */
+  /**
+   * QUEUE_WAIT_MS after a decision queued behind a call: the queue, if it
+   * is still waiting, goes anyway. A queue formed since the timer was armed
+   * may go a little early: one smaller batch, which no decision waits for.
+   */
+  readonly #waited = (): void => {
+    this.#waitTimer = undefined
+    if (this.#pending.length > 0 && !this.#scheduled) this.#schedule()
+  }
+
+  /** A decision call returned: the queue behind it goes at the end of this turn. */
+  #returned (): void {
+    this.#inFlight--
+    if (this.#pending.length > 0 && !this.#scheduled) this.#schedule()
+  }
+
+  /** Sends the queue: by keys on a Cluster (see byKeys), `#batchMax` at most a call. */
   readonly #flush = (): void => {
     const pending = this.#pending
     this.#pending = []
@@ -377,12 +430,25 @@ export class RedisStore implements RemoteStore {
     this.#evaluate(TOKEN_BUCKET, specs.length, singleArgs(specs, p.consume), (reply) => { answerAlone(p, reply) }, p.reject)
   }
 
-  /** EVALSHA `script`, on NOSCRIPT one EVAL of its source; the reply goes to `answer`, any other error to `refused`. */
+  /**
+   * EVALSHA `script`, on NOSCRIPT one EVAL of its source; the reply goes to
+   * `answer`, any other error to `refused`. The call counts as in flight
+   * until it is answered (see the class).
+   */
   #evaluate (script: Script, numKeys: number, args: Array<string | number>, answer: (reply: unknown) => void, refused: (err: unknown) => void): void {
     const redis = this.#redis
-    redis.evalsha(script.sha, numKeys, args).then(answer, (err: unknown) => {
-      if (!redis.isNoScript(err)) return refused(err)
-      redis.eval(script.lua, numKeys, args).then(answer, refused)
+    this.#inFlight++
+    const answered = (reply: unknown): void => {
+      this.#returned()
+      answer(reply)
+    }
+    const failed = (err: unknown): void => {
+      this.#returned()
+      refused(err)
+    }
+    redis.evalsha(script.sha, numKeys, args).then(answered, (err: unknown) => {
+      if (!redis.isNoScript(err)) return failed(err)
+      redis.eval(script.lua, numKeys, args).then(answered, failed)
     })
   }
 

@@ -60,12 +60,20 @@ export function bucketState (value: number, spec: BucketSpec): BucketState {
  * Decides one or several buckets of one client at once, all or nothing:
  * either every bucket can afford its cost and (when `consume`) all are spent,
  * or none is touched. A store that sends the call later (RedisStore's
- * batches, at the end of the event-loop turn) calls `sent` when it does,
+ * batches, queued behind a call in flight) calls `sent` when it does,
  * and one that sends it at once, at once; neither calls it for a call that
  * fails before it is sent.
  */
 export interface Store {
   decide (specs: readonly BucketSpec[], consume: boolean, sent?: () => void): Promise<StoreReply>
+  /**
+   * `decide` answered through callbacks, for a store that has them
+   * (RedisStore): exactly one of `resolve` and `reject` runs, once, and may
+   * run before it returns. It spares the decision path a promise, and the
+   * promise's own `then`, per decision.
+   */
+  decideWith? (specs: readonly BucketSpec[], consume: boolean, sent: (() => void) | undefined,
+    resolve: (reply: StoreReply) => void, reject: (err: unknown) => void): void
   reset (key: string): Promise<void>
   /** Called when the breaker opens: a chance to repair routing (Redis Cluster). */
   recover? (): void

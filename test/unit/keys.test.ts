@@ -99,6 +99,21 @@ t.test('a bucket key: prefix, the keyed hash tag, the client part, the bucket', 
   t.ok(Buffer.byteLength(key) < 64, 'short')
 })
 
+t.test('a client\'s part of its keys, kept once named, is the one named afresh, past the cache\'s cap and for ids too long to keep', async (t) => {
+  const time = new FakeTime()
+  const { engine } = engineOver(new FailingStore(time), time)
+  t.teardown(() => engine.close())
+  const policy = { bucket: 'b', capacity: 1, refillPerSecond: 1, failureMode: 'open' } as const
+  const keyOf = (id: string): string | undefined => engine.specsOf(id, [policy], undefined)[0]?.key
+  const ids = ['alice', 'x'.repeat(64), 'y'.repeat(65), '{evil}', 'bob\ud800']
+  for (const id of ids) t.equal(keyOf(id), keyUnder(UNIT_KEY_SECRET, 'tollgate', id, 'b'), `${JSON.stringify(id.slice(0, 8))}: first`)
+  for (const id of ids) t.equal(keyOf(id), keyUnder(UNIT_KEY_SECRET, 'tollgate', id, 'b'), `${JSON.stringify(id.slice(0, 8))}: again`)
+  // 10 001 other clients push the first ones out of a cache of 10 000.
+  for (let i = 0; i <= 10_000; i++) keyOf(`c${i}`)
+  for (const id of ids) t.equal(keyOf(id), keyUnder(UNIT_KEY_SECRET, 'tollgate', id, 'b'), `${JSON.stringify(id.slice(0, 8))}: after the cap`)
+  t.equal(keyOf('c10000'), keyUnder(UNIT_KEY_SECRET, 'tollgate', 'c10000', 'b'), 'a client still kept')
+})
+
 t.test('hashTag: 8 base64url characters of an HMAC, stable under one secret, another under another', async (t) => {
   const [one, two] = [Buffer.from('first secret, 16+ chars'), Buffer.from('second secret, 16+ chars')]
   t.match(hashTag(one, 'alice'), /^[A-Za-z0-9_-]{8}$/)
