@@ -60,7 +60,7 @@ export function rateLimitFilter (answer: (exception: RateLimitException) => obje
 }
 
 /** A Nest app of `tollgate` (the TollgateModule) and `controllers`, not yet listening. */
-export async function nestApp (platform: Platform, tollgate: DynamicModule, controllers: Array<new () => object>, filters: ExceptionFilter[] = []): Promise<INestApplication> {
+export async function nestApp (platform: Platform, tollgate: DynamicModule, controllers: Array<new (...args: never[]) => object>, filters: ExceptionFilter[] = []): Promise<INestApplication> {
   class AppModule {}
   Module({ imports: [tollgate], controllers })(AppModule)
   const app = platform === 'fastify'

@@ -53,9 +53,9 @@ export class TollgateService implements CanActivate {
   readonly #limit: Limit
   readonly #global: boolean
   readonly #checks = new WeakMap<Function, HandlerCheck>()
-  readonly #discovery: DiscoveryService | undefined
+  readonly #discovery: DiscoveryService
 
-  constructor (options: NestOptions, discovery?: DiscoveryService) {
+  constructor (options: NestOptions, discovery: DiscoveryService) {
     this.#limit = middlewareInstance<NestContext['req'], NestContext, null, boolean, never, NestArgs, NestProgrammaticPolicy>(options, {
       adapter: 'nest',
       checks: OPTION_CHECKS,
@@ -98,12 +98,14 @@ export class TollgateService implements CanActivate {
   /** Compiles every route's limit (a mistake fails the start-up), then waits for the store (bounded). */
   async onApplicationBootstrap (): Promise<void> {
     const scanner = new MetadataScanner()
-    for (const { metatype } of this.#discovery?.getControllers() ?? []) {
-      if (typeof metatype !== 'function') continue
-      const proto: Record<string, unknown> = metatype.prototype
+    for (const wrapper of this.#discovery.getControllers()) {
+      // A controller's wrapper holds its class; the scanner names the methods of its prototype.
+      const controller = wrapper.metatype as Function
+      const proto = controller.prototype as Record<string, Function>
       for (const name of scanner.getAllMethodNames(proto)) {
-        const handler = proto[name]
-        if (typeof handler === 'function' && Reflect.getMetadata('path', handler) !== undefined) this.#checkOf(handler, metatype)
+        const handler = proto[name] as Function
+        // A route handler carries the path its @Get, @Post... declared; other methods are the class's own.
+        if (Reflect.getMetadata('path', handler) !== undefined) this.#checkOf(handler, controller)
       }
     }
     await this.#limit.ready
