@@ -24,6 +24,7 @@
 
 import { fork } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { envList, envNumber } from './env.mjs'
 import { load } from './load.mjs'
 import { startRedis } from './redis.mjs'
 
@@ -31,14 +32,6 @@ const SELF = fileURLToPath(import.meta.url)
 const CONFIGS = ['bare', 'throttler', 'tollgate']
 const CLIENTS = 10_000
 const FULL = { rounds: 5, seconds: 5, warmup: 3 }
-
-function envNumber (name, fallback) {
-  const text = process.env[name]
-  if (text === undefined || text === '') return fallback
-  const value = Number(text)
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a number > 0, got ${JSON.stringify(text)}`)
-  return value
-}
 
 if (process.env.BENCH_NEST_APP !== undefined) await serve(JSON.parse(process.env.BENCH_NEST_APP))
 else await main()
@@ -150,7 +143,7 @@ async function main () {
     warmup: process.env.BENCH_WARMUP === '0' ? 0 : envNumber('BENCH_WARMUP', FULL.warmup),
     connections: Math.round(envNumber('BENCH_CONNECTIONS', 32))
   }
-  const platforms = (process.env.BENCH_PLATFORMS ?? 'express,fastify').split(',').map((p) => p.trim())
+  const platforms = envList('BENCH_PLATFORMS') ?? ['express', 'fastify']
   const started = performance.now()
   const redis = await startRedis()
   const cells = new Map()
