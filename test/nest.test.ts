@@ -7,7 +7,7 @@
 // provider, bucket names under a global prefix and URI versioning, an
 // exception filter that reshapes the 429, TollgateService injected into a
 // controller, the guard in a context that is no HTTP request, the proxy
-// warning, and options that fail the start-up. Bucket names are read from
+// warning, a `key` that throws, and options that fail the start-up. Bucket names are read from
 // the draft-10 headers, which quote them.
 
 import t, { type Test } from 'tap'
@@ -149,6 +149,16 @@ async function proxyWarning (t: Test, platform: Platform): Promise<void> {
   t.match(logger.lines, [/^tollgate: a request carries X-Forwarded-For but the platform trusts no proxy/], 'told once')
 }
 
+async function badKey (t: Test, platform: Platform): Promise<void> {
+  const logger = memoryLogger()
+  const routes = controller('', [{ path: 'x', policy: { key: () => { throw new Error('no user') } }, answer: source }])
+  const get = await serve(t, await nestApp(platform, TollgateModule.forRoot(await options(t, { logger })), [routes]))
+  const a = await get('/x')
+  t.same([a.status, JSON.parse(a.body).statusCode], [500, 500], "a key that throws: a 500 through Nest's exception handling")
+  t.equal((await get('/x')).status, 500)
+  t.match(logger.lines, [/GET \/x/], 'logged once, naming the route')
+}
+
 async function badStart (t: Test, platform: Platform): Promise<void> {
   const routes = (policy?: NestRoute['policy']): Array<new () => object> => [controller('', [{ path: 'x', policy, answer: source }, { path: 'y', answer: source }])]
   await t.rejects(nestApp(platform, TollgateModule.forRoot({ ...await options(t), capacity: '10' as never }), routes()), { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message: /capacity/ }, 'a bad option: the app is not created')
@@ -178,6 +188,7 @@ for (const platform of PLATFORMS) {
     t.test("an exception filter reshapes the 429; tollgate's headers stay", (t) => filter(t, platform))
     t.test('forRootAsync, TollgateService injected, and the guard outside HTTP', (t) => asyncAndService(t, platform))
     t.test('a forwarding header while the platform trusts no proxy: one warning', (t) => proxyWarning(t, platform))
+    t.test('a key function that throws: a 500, logged once', (t) => badKey(t, platform))
     t.test('bad options fail the start-up', (t) => badStart(t, platform))
   })
 }
