@@ -44,7 +44,7 @@ export function nestContext (req: NestContext['req'], res: PlatformResponse): Ne
 }
 
 /** The denial, thrown for Nest's exception filters (see errors.ts). */
-function deny (ctx: NestContext, _next: null, _handler: never, error: RateLimitError): never {
+function deny (ctx: NestContext, _next: null, _handler: undefined, error: RateLimitError): never {
   throw new RateLimitException(error, (type) => { ctx.res.header('content-type', type) })
 }
 
@@ -63,7 +63,7 @@ export const HOOKS: MiddlewareHooks<NestRequest, NestContext, null, boolean, nev
   // Nest answers denials through its exception filters: no `handler` option.
   handle: deny,
   // show() has put the decision on the request before a denial is sent.
-  send: (ctx, denial) => deny(ctx, null, undefined as never, new RateLimitError(denial, ctx.req.rateLimit as Decision)),
+  send: (ctx, denial) => deny(ctx, null, undefined, new RateLimitError(denial, ctx.req.rateLimit as Decision)),
   fail: (_next, err) => { throw err },
   wrap: (run) => function tollgate (ctx: NestContext) { return run(ctx, null, tollgate) },
   // The guard calls a middleware itself: `limit(...)` is always `limit(policy)`.

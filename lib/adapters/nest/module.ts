@@ -17,12 +17,11 @@
 import { Module, type CanActivate, type DynamicModule, type ExecutionContext, type InjectionToken, type ModuleMetadata, type OptionalFactoryDependency } from '@nestjs/common'
 import { APP_GUARD, DiscoveryModule, DiscoveryService, MetadataScanner } from '@nestjs/core'
 import { isBoolean, outageSummaryMs, warnings } from '../../core/options.js'
-import type { Programmatic } from '../../http/instance.js'
+import type { Programmatic, ProgrammaticApi } from '../../http/instance.js'
 import { middlewareInstance } from '../../http/middleware.js'
 import { middlewareDialect, registry } from '../../http/registry.js'
 import { POLICY_CHECKS } from '../../http/route.js'
 import { LOGGER_CHECK, STORE_CHECKS } from '../../http/setup.js'
-import type { Decision, Limiter, Reservation } from '../../core/types.js'
 import { declared } from './decorators.js'
 import { HOOKS, ROUTES, identity, nestContext, type NestArgs, type NestContext, type PlatformResponse } from './hooks.js'
 import type { NestOptions, NestProgrammaticPolicy } from './types.js'
@@ -38,40 +37,35 @@ export interface NestAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
   inject?: Array<InjectionToken | OptionalFactoryDependency> | undefined
 }
 
+/** A handler's check: what HOOKS' `pass`, `drop` and `send` give, a boolean or a promise of one; null when it has no limit. */
+type HandlerCheck = ((ctx: NestContext) => boolean | Promise<boolean>) | null
 /** One instance's limit function: `limit(policy)` is the middleware of a handler (lib/http/middleware.ts). */
-type Limit = Programmatic<NestProgrammaticPolicy> & ((config?: unknown) => unknown)
-type HandlerCheck = ((ctx: NestContext) => unknown) | null
+type Limit = Programmatic<NestProgrammaticPolicy> & ((config?: unknown) => HandlerCheck)
+
+/** The programmatic API (consume, peek, reserve, settle, reset, limiter) over the module's options. */
+export interface TollgateService extends ProgrammaticApi<NestProgrammaticPolicy> {}
 
 /** The programmatic API and the guard of one app. */
 export class TollgateService implements CanActivate {
-  readonly limiter: Limiter
-  readonly consume: (clientKey: string, policy: NestProgrammaticPolicy, cost?: number) => Promise<Decision>
-  readonly peek: (clientKey: string, policy: NestProgrammaticPolicy) => Promise<Decision>
-  readonly reserve: (clientKey: string, policy: NestProgrammaticPolicy, cost?: number) => Promise<Reservation>
-  readonly settle: (reservation: Reservation, actual: number) => Promise<void>
-  readonly reset: (clientKey: string, bucket: string) => Promise<void>
   readonly #limit: Limit
   readonly #global: boolean
   readonly #checks = new WeakMap<Function, HandlerCheck>()
   readonly #discovery: DiscoveryService
 
   constructor (options: NestOptions, discovery: DiscoveryService) {
-    this.#limit = middlewareInstance<NestContext['req'], NestContext, null, boolean, never, NestArgs, NestProgrammaticPolicy>(options, {
+    const limit = middlewareInstance<NestContext['req'], NestContext, null, boolean, never, NestArgs, NestProgrammaticPolicy>(options, {
       adapter: 'nest',
       checks: OPTION_CHECKS,
       identity,
       limits: (defaults, _log, claim) => registry(defaults, ROUTES, middlewareDialect('nest'), claim),
       hooks: HOOKS
     })
+    // `limit(policy)` makes a middleware of HOOKS, whose `wrap` calls it with one context.
+    this.#limit = limit as Limit
     this.#global = options.global ?? true
     this.#discovery = discovery
-    const limit = this.#limit
-    this.limiter = limit.limiter
-    this.consume = limit.consume
-    this.peek = limit.peek
-    this.reserve = limit.reserve
-    this.settle = limit.settle
-    this.reset = limit.reset
+    const { limiter, consume, peek, reserve, settle, reset } = limit
+    Object.assign(this, { limiter, consume, peek, reserve, settle, reset })
   }
 
   /** The guard: a request of an HTTP route, checked by its handler's limit. */
@@ -80,8 +74,7 @@ export class TollgateService implements CanActivate {
     const check = this.#checkOf(context.getHandler(), context.getClass())
     if (check === null) return true
     const http = context.switchToHttp()
-    // The middleware of HOOKS returns what `pass`, `drop` and `send` return: a boolean, or a promise of one.
-    return check(nestContext(http.getRequest(), http.getResponse<PlatformResponse>())) as boolean | Promise<boolean>
+    return check(nestContext(http.getRequest(), http.getResponse<PlatformResponse>()))
   }
 
   /** A handler's check, compiled once: its limit as declared, merged over the options; null when it has none. */
@@ -89,7 +82,7 @@ export class TollgateService implements CanActivate {
     let check = this.#checks.get(handler)
     if (check === undefined) {
       const config = declared(handler, controller)
-      check = config === false || (config === undefined && !this.#global) ? null : this.#limit(config) as HandlerCheck
+      check = config === false || (config === undefined && !this.#global) ? null : this.#limit(config)
       this.#checks.set(handler, check)
     }
     return check
