@@ -4,14 +4,15 @@
 // nest-fastify. Here: the decorators' precedence (a handler's @RateLimit
 // replaces its controller's; @SkipRateLimit on a controller, then a
 // handler's own), `global` true and false, forRootAsync with an imported
-// provider, bucket names under a global prefix and URI versioning, an
-// exception filter that reshapes the 429, TollgateService injected into a
-// controller, the guard in a context that is no HTTP request, the proxy
-// warning, a `key` that throws, and options that fail the start-up. Bucket names are read from
-// the draft-10 headers, which quote them.
+// provider, bucket names under a global prefix and URI versioning and of
+// an @All() handler, an exception filter that reshapes the 429,
+// TollgateService injected into a controller, the guard in a context that
+// is no HTTP request, the proxy warning, a `key` that throws, and options
+// that fail the start-up. Bucket names are read from the draft-10 headers,
+// which quote them.
 
 import t, { type Test } from 'tap'
-import { Catch, Controller, Get, HttpException, Inject, Module, Post, VersioningType, type ArgumentsHost, type DynamicModule, type ExceptionFilter, type ExecutionContext, type INestApplication } from '@nestjs/common'
+import { All, Catch, Controller, Get, HttpException, Inject, Module, Post, VersioningType, type ArgumentsHost, type DynamicModule, type ExceptionFilter, type ExecutionContext, type INestApplication } from '@nestjs/common'
 import { RateLimit, RateLimitException, SkipRateLimit, TOLLGATE_OPTIONS, TollgateModule, TollgateService, type NestOptions } from '../lib/nest.js'
 import { sharedRedis, uniquePrefix } from './helpers/app.js'
 import { httpGet, memoryLogger, type Answer } from './helpers/express.js'
@@ -78,6 +79,15 @@ async function globalOption (t: Test, platform: Platform): Promise<void> {
   const every = await serve(t, await nestApp(platform, TollgateModule.forRoot(await options(t)), [controller('', routes)]))
   const plain = await every('/plain')
   t.same([JSON.parse(plain.body), buckets(plain)], [{ bucket: 100 }, ['GET /plain']], "global: true (the default): every route, with the module's policy, a bucket per route")
+}
+
+async function everyMethod (t: Test, platform: Platform): Promise<void> {
+  class Any { any (): string { return '{}' } }
+  onMethod(Any.prototype, 'any', All('any'), RateLimit({ capacity: 2, refillPerSecond: 0.01 }))
+  Controller()(Any)
+  const get = await serve(t, await nestApp(platform, TollgateModule.forRoot(await options(t)), [Any]))
+  const answers = [await get('/any', {}, 'PUT'), await get('/any', {}, 'DELETE'), await get('/any', {}, 'POST')]
+  t.same(answers.map((a) => [a.status, buckets(a)]), [[200, ['ALL /any']], [200, ['ALL /any']], [429, ['ALL /any']]], '@All(): one bucket, ALL /any, whatever the method')
 }
 
 async function prefixAndVersion (t: Test, platform: Platform): Promise<void> {
@@ -185,6 +195,7 @@ for (const platform of PLATFORMS) {
     t.test('@SkipRateLimit on a controller, then a handler\'s own @RateLimit', (t) => skipped(t, platform))
     t.test('global: true limits every route, global: false only decorated ones', (t) => globalOption(t, platform))
     t.test('buckets under a global prefix and URI versioning', (t) => prefixAndVersion(t, platform))
+    t.test('@All(): one bucket for every method', (t) => everyMethod(t, platform))
     t.test("an exception filter reshapes the 429; tollgate's headers stay", (t) => filter(t, platform))
     t.test('forRootAsync, TollgateService injected, and the guard outside HTTP', (t) => asyncAndService(t, platform))
     t.test('a forwarding header while the platform trusts no proxy: one warning', (t) => proxyWarning(t, platform))

@@ -7,7 +7,10 @@
 // the route Nest declared on it (global prefix, version, controller and
 // handler paths joined by Nest): Express's `req.route.path`, Fastify's
 // `request.routeOptions.url`; never the URL. A handler is one declaration
-// (lib/http/registry.ts keeps its names per method, and bounds them).
+// (lib/http/registry.ts keeps its names per method, and bounds them). A
+// handler of `@All()` is one bucket, `ALL <path>`, as `app.all()` is on
+// Express: a client gains nothing by varying the method. The platforms
+// tell it: Express's route then serves several methods, Fastify's lists them.
 //
 // A request answered, or whose client left, before its decision arrives
 // (a Nest middleware's timeout, a client gone during a wait) is dropped:
@@ -31,7 +34,7 @@ export type PlatformResponse = { header (name: string, value: string | number): 
 
 /** One request as the guard hands it to the request path. */
 export interface NestContext {
-  req: NestRequest & { readonly route?: { path: string }, readonly routeOptions?: { url?: string } }
+  req: NestRequest & { readonly route?: { path: string, methods: object }, readonly routeOptions?: { url?: string, method?: string | string[] } }
   res: PlatformResponse
   raw: ServerResponse
 }
@@ -74,7 +77,12 @@ export const HOOKS: MiddlewareHooks<NestRequest, NestContext, null, boolean, nev
 export const ROUTES: Routes<NestContext['req']> = {
   route: (_req, self) => self,
   method: (req) => req.method,
-  name: (req) => routeName(req.method, req.route?.path ?? String(req.routeOptions?.url))
+  name: (req) => routeName(everyMethod(req) ? 'ALL' : req.method, req.route?.path ?? String(req.routeOptions?.url))
+}
+
+/** Whether the request's route was declared for every method (`@All()`). */
+function everyMethod (req: NestContext['req']): boolean {
+  return Object.keys(req.route?.methods ?? {}).length > 1 || Array.isArray(req.routeOptions?.method)
 }
 
 /**
