@@ -181,6 +181,12 @@ async function badStart (t: Test, platform: Platform): Promise<void> {
   const bad = await nestApp(platform, TollgateModule.forRoot(await options(t)), routes({ capacity: -1 }))
   t.teardown(() => bad.close())
   await t.rejects(bad.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity/ }, "a handler's bad policy fails the start-up")
+  const twice = await nestApp(platform, TollgateModule.forRoot(await options(t)), [controller('', [
+    { path: 'a', policy: { bucket: 'shared', capacity: 5 }, answer: source },
+    { path: 'b', policy: { bucket: 'shared', capacity: 6 }, answer: source }
+  ])])
+  t.teardown(() => twice.close())
+  await t.rejects(twice.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /bucket.*shared.*capacity 5.*6/ }, 'one bucket, two policies: the start-up fails')
   const { capacity: _c, refillPerSecond: _r, ...noPolicy } = await options(t)
   const incomplete = await nestApp(platform, TollgateModule.forRoot(noPolicy), routes({ capacity: 5, refillPerSecond: 1 }))
   t.teardown(() => incomplete.close())
