@@ -32,7 +32,7 @@ function chunkOf (id) {
 }
 
 export default {
-  input: { index: 'dist/.types/index.d.ts', express: 'dist/.types/express.d.ts', hono: 'dist/.types/hono.d.ts' },
+  input: { index: 'dist/.types/index.d.ts', express: 'dist/.types/express.d.ts', hono: 'dist/.types/hono.d.ts', nest: 'dist/.types/nest.d.ts' },
   output: { dir: 'dist', format: 'es', entryFileNames: '[name].d.ts', chunkFileNames: '[name].d.ts', manualChunks: chunkOf, minifyInternalExports: false },
   plugins: [dts(), optionalFastify()]
 }

@@ -34,6 +34,7 @@ import { fileURLToPath } from 'node:url'
 import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate from 'tollgate'
+import { envList, envNumber } from './env.mjs'
 import { load } from './load.mjs'
 import { APP_CPU, LOAD_CPU, describe, pin, pinning } from './pin.mjs'
 import { SCRIPTS, defineScripts, measureScript } from './lua.mjs'
@@ -43,17 +44,6 @@ import { report } from './report.mjs'
 
 const APP = fileURLToPath(new URL('./app.mjs', import.meta.url))
 
-function envNumber (name, fallback) {
-  const text = process.env[name]
-  if (text === undefined || text === '') return fallback
-  const value = Number(text)
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a number > 0, got ${JSON.stringify(text)}`)
-  return value
-}
-function envList (name) {
-  const text = process.env[name]
-  return text === undefined || text === '' ? undefined : text.split(',').map((s) => s.trim())
-}
 
 const settings = {
   rounds: Math.round(envNumber('BENCH_ROUNDS', 5)),

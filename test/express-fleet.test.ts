@@ -1,10 +1,11 @@
 // A mixed fleet: two Fastify processes with the plugin, two Express
-// processes with tollgate/express and two Hono processes with
-// tollgate/hono, each with its own ioredis client, on one Redis and one
+// processes with tollgate/express, two Hono processes with tollgate/hono
+// and two Nest processes with tollgate/nest (one on each of its
+// platforms), each with its own ioredis client, on one Redis and one
 // bucket of capacity 50. Each process first admits one request, so that
-// every framework spends from the bucket; then 600 requests of the same
+// every framework spends from the bucket; then 800 requests of the same
 // client are sent at once, 100 to each process (each process's HTTP agent keeps up to 16 in flight, so
-// 96 are in flight at a time). The bucket refills 0.001 token/s,
+// 128 are in flight at a time). The bucket refills 0.001 token/s,
 // less than 0.01 token over the whole run, so the fleet must admit exactly
 // 50 in all: any more means two adapters spent the last token twice (or keyed the
 // bucket differently), any fewer that a decision was lost. failureMode
@@ -21,7 +22,7 @@ const PER_SERVER = 100
 
 const url = await redisUrl(t)
 
-t.test('2 Fastify + 2 Express + 2 Hono processes, one bucket of 50, 600 requests at once: exactly 50 admitted', async (t) => {
+t.test('2 Fastify + 2 Express + 2 Hono + 2 Nest processes, one bucket of 50, 800 requests at once: exactly 50 admitted', async (t) => {
   const base: FleetServerConfig = {
     name: '',
     stores: { single: { url } },
@@ -38,7 +39,9 @@ t.test('2 Fastify + 2 Express + 2 Hono processes, one bucket of 50, 600 requests
     startFleetServer(t, { ...base, name: 'express-1', framework: 'express' }),
     startFleetServer(t, { ...base, name: 'express-2', framework: 'express' }),
     startFleetServer(t, { ...base, name: 'hono-1', framework: 'hono' }),
-    startFleetServer(t, { ...base, name: 'hono-2', framework: 'hono' })
+    startFleetServer(t, { ...base, name: 'hono-2', framework: 'hono' }),
+    startFleetServer(t, { ...base, name: 'nest-express', framework: 'nest-express' }),
+    startFleetServer(t, { ...base, name: 'nest-fastify', framework: 'nest-fastify' })
   ])
   // One request to each process first, one after the other: each framework
   // spends from the bucket (the burst below may well be won by the fastest).

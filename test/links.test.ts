@@ -78,7 +78,7 @@ t.test("what tollgate's messages point to in its README is a link there", async 
     }
   }
   walk('lib')
-  const texts = [...pointers].flatMap((p) => p.includes('${library}') ? ['@fastify/rate-limit', 'express-rate-limit', 'rate-limiter-flexible'].map((l) => p.replace('${library}', l)) : [p])
+  const texts = [...pointers].flatMap((p) => p.includes('${library}') ? ['@fastify/rate-limit', 'express-rate-limit', 'rate-limiter-flexible', '@nestjs/throttler'].map((l) => p.replace('${library}', l)) : [p])
   t.ok(texts.includes('Behind a proxy') && texts.includes('Migrating from express-rate-limit'), `${texts.length} pointers: ${texts.join('; ')}`)
   const escape = (s: string): string => s.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')
   for (const text of texts) t.match(readme, new RegExp(`\\[${escape(text)}[^\\]]*\\]\\(docs/`), `README: a link "${text}…" into docs/`)

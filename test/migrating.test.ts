@@ -8,8 +8,9 @@
 // hint names an option that does not exist there: an option valid only
 // elsewhere is said to be set elsewhere, in the right words. The migration
 // tables (docs/guides/migrating.md) list every hinted name, and the README
-// links to each, under the name the error points to. Pure option checks: no
-// store.
+// links to each, under the name the error points to. Users of
+// @nestjs/throttler get its names answered in TollgateModule's options. Pure
+// option checks: no store.
 
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -20,6 +21,7 @@ import t from 'tap'
 import tollgate, { createLimiter, type TollgateOptions } from '../lib/index.js'
 import { rateLimit, type ExpressOptions } from '../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions } from '../lib/hono.js'
+import { TollgateService, type NestOptions } from '../lib/nest.js'
 import { listen, memoryLogger } from './helpers/express.js'
 import { listenHono } from './helpers/hono.js'
 import { ROOT } from './helpers/readme.js'
@@ -423,9 +425,9 @@ t.test("hono-rate-limiter's handler(c, next, options) is refused at start-up wit
   t.same([denied.status, JSON.parse(denied.body)], [429, { message: 'Rate limit exceeded, retry in 1 second(s)' }])
 })
 
-t.test('nested options get no foreign hints: `local.max` is a typo, not @fastify/rate-limit', async (t) => {
-  const err = await PLACES[0]?.error('local', { max: 1, refillPerSecond: 1 }) as Error
-  t.match(err.message, /unknown option `local\.max`/)
+t.test('nested options get no foreign hints: `local.timeWindow` is a typo, not @fastify/rate-limit', async (t) => {
+  const err = await PLACES[0]?.error('local', { capacity: 1, refillPerSecond: 1, timeWindow: 1000 }) as Error
+  t.match(err.message, /unknown option `local\.timeWindow`/)
   t.notMatch(err.message, /that is an option of/)
 })
 
@@ -449,4 +451,40 @@ t.test('the migration tables list every hinted name under its library', async (t
     // `name`, or `name: value`, in the left column.
     for (const library of libraries) t.match(table(library), new RegExp(`\`${name}(\`|: )`), `${name} in the ${library} table`)
   }
+})
+
+t.test("@nestjs/throttler's names in TollgateModule's options, and the Nest words of the other libraries' answers", async (t) => {
+  const nest = async (name: string, value: unknown): Promise<Error | undefined> => await caught(async () => {
+    // The options are checked when the service is made, before the app scans its routes.
+    await new TollgateService({ ...base, logger: memoryLogger(), [name]: value } as NestOptions, undefined as never).beforeApplicationShutdown()
+  }) as Error | undefined
+  const cases: Array<[string, unknown, RegExp]> = [
+    ['ttl', 60_000, /use `capacity` \(the burst\) and `refillPerSecond` \(limit \/ seconds of ttl\): limit: 10, ttl: 60000 \(ms\) is capacity: 10, refillPerSecond: 10 \/ 60/],
+    ['blockDuration', 30_000, /use `lockout`: \{ after: 1, withinMs: ttl, forMs: blockDuration \}/],
+    ['throttlers', [{ ttl: 1000, limit: 3 }], /use an array of policies, @RateLimit\(\[\{ capacity, refillPerSecond \}, \{ bucket: 'long'/],
+    ['name', 'short', /use `bucket`: it names the policy \(and its Redis key\)/],
+    ['getTracker', () => 'k', /use `key`, a function \(request\) => string/],
+    ['generateKey', () => 'k', /use `key` for the client and `bucket` for the route/],
+    ['skipIf', () => false, /use `allow`, a function \(request\) => boolean: true skips the limiter/],
+    ['ignoreUserAgents', [/bot/], /use `allow`, a function \(request\) => boolean/],
+    ['storage', {}, /use `redis` \(an ioredis, iovalkey, node-redis or GLIDE client\), or nothing for the in-process store/],
+    ['errorMessage', 'Too many', /use an exception filter: a denial is a RateLimitException \(an HttpException with code, retryAfter/],
+    ['setHeaders', false, /use `headers`: 'draft-6', 'draft-10', 'draft-11', 'legacy' or false/]
+  ]
+  for (const [name, value, advice] of cases) {
+    const err = await nest(name, value)
+    t.match(err, { name: 'TypeError', code: 'TOLLGATE_INVALID_OPTION', message: `unknown option \`${name}\`: that is an option of @nestjs/throttler; ` }, name)
+    t.match(err?.message, advice, `${name}: the replacement`)
+    t.match(err?.message, '(see "Migrating from @nestjs/throttler" in tollgate\'s README)', `${name}: points to its table`)
+  }
+  t.match(await nest('handler', () => {}), { message: /express-rate-limit; use an exception filter: a denial is a RateLimitException/ }, "express-rate-limit's handler: Nest's way to answer")
+  t.match(await nest('skipSuccessfulRequests', true), { message: /use `settle`: \(req, res\) => res\.statusCode < 400 \? 0 : 1/ }, 'settle reads res.statusCode on both platforms')
+  t.match(await nest('blockDuration', 300), { message: /@nestjs\/throttler/ }, "blockDuration is @nestjs/throttler's first on Nest")
+  t.equal(await nest('global', false), undefined, '`global` is an option of the module')
+  const guide = readFileSync(join(ROOT, 'docs', 'guides', 'migrating.md'), 'utf8')
+  const start = guide.indexOf('## Migrating from @nestjs/throttler\n')
+  t.ok(start >= 0, 'a "Migrating from @nestjs/throttler" section')
+  const end = guide.indexOf('\n## ', start + 1)
+  const table = guide.slice(start, end === -1 ? undefined : end).split('\n').filter((l) => l.startsWith('| ')).map((l) => l.split(' | ')[0] ?? '').join('\n')
+  for (const [name] of cases) t.match(table, new RegExp(`\`${name}(\`|: )`), `${name} in the @nestjs/throttler table`)
 })

@@ -15,7 +15,12 @@
 //   the installed ioredis (with express@5, hono@4 and @hono/node-server@2
 //   installed);
 // - a Hono project without fastify or express compiles against
-//   tollgate/hono;
+//   tollgate/hono; a Nest project on @nestjs/platform-express without
+//   fastify compiles against tollgate/nest;
+// - `require('tollgate/nest')` works too, and a Nest 12 app (decorators
+//   applied as functions, in plain JavaScript) decides a request on Redis;
+//   the consumer project installs Nest 12 (common, core, platform-express)
+//   beside the tarball with no peer warning;
 // - on each current Node LTS line (22 and 24, whatever Node runs this test:
 //   their binaries come from the npm registry's `node` package, through
 //   npx), a fresh project installs the tarball with no warning at all (no
@@ -184,6 +189,7 @@ if (typeof tollgate.default !== 'function' || typeof tollgate.createLimiter !== 
 const { rateLimit } = require('tollgate/express')
 if (typeof rateLimit !== 'function') throw new Error('require(tollgate/express) lacks rateLimit')
 if (typeof require('tollgate/hono').rateLimit !== 'function') throw new Error('require(tollgate/hono) lacks rateLimit')
+if (typeof require('tollgate/nest').TollgateModule?.forRoot !== 'function') throw new Error('require(tollgate/nest) lacks TollgateModule')
 console.log('cjs ok')
 `
 
@@ -227,6 +233,59 @@ const server = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }, async
 })
 `
 
+/** Runs a packed Nest 12 app (platform-express, decorators as functions) with the installed ioredis against a real Redis. */
+const NEST_SMOKE = `import 'reflect-metadata'
+import { Controller, Get, Module, Req } from '@nestjs/common'
+import { NestFactory } from '@nestjs/core'
+import { Redis } from 'ioredis'
+import { TollgateModule } from 'tollgate/nest'
+
+const redis = new Redis(process.env.REDIS_URL)
+class Items { find (req) { return req.rateLimit } }
+Get()(Items.prototype, 'find', Object.getOwnPropertyDescriptor(Items.prototype, 'find'))
+Req()(Items.prototype, 'find', 0)
+Controller()(Items)
+class App {}
+Module({
+  imports: [TollgateModule.forRoot({ redis, prefix: process.env.PREFIX, capacity: 1, refillPerSecond: 0.001, failureMode: 'closed', timeout: 2000 })],
+  controllers: [Items]
+})(App)
+const app = await NestFactory.create(App, { logger: false })
+await app.listen(0, '127.0.0.1')
+const url = (await app.getUrl()) + '/'
+const first = await fetch(url)
+const second = await fetch(url)
+console.log(JSON.stringify({ first: first.status, source: (await first.json()).source, second: second.status }))
+await app.close()
+await redis.quit()
+`
+
+// A Nest project on Express without fastify: tollgate/nest's types name no
+// platform's; the decorators as functions, the service and the exception.
+const NEST_ONLY = `import { Controller, Get, Module, Req } from '@nestjs/common'
+import { NestFactory } from '@nestjs/core'
+import { RateLimit, SkipRateLimit, TollgateModule, TollgateService, type Decision, type NestOptions, type RateLimitException } from 'tollgate/nest'
+
+const options: NestOptions = { capacity: 10, refillPerSecond: 1, failureMode: 'open', global: false, key: (req) => String(req.headers['x-user'] ?? req.ip) }
+class Items {
+  find (req: { rateLimit?: Decision | undefined }): number | undefined { return req.rateLimit?.remaining }
+}
+const find = Object.getOwnPropertyDescriptor(Items.prototype, 'find') as PropertyDescriptor
+Get(':id')(Items.prototype, 'find', find)
+RateLimit([{ capacity: 5, refillPerSecond: 1 }, { bucket: 'daily', capacity: 100, refillPerSecond: 100 / 86400 }])(Items.prototype, 'find', find)
+Req()(Items.prototype, 'find', 0)
+Controller('items')(Items)
+SkipRateLimit()(Items)
+class App {}
+Module({ imports: [TollgateModule.forRoot(options)], controllers: [Items] })(App)
+const app = await NestFactory.create(App)
+const decision: Decision = await app.get(TollgateService).consume('alice', { bucket: 'login' })
+const retry = (e: RateLimitException): number => e.retryAfter
+// @ts-expect-error an option of @nestjs/throttler
+RateLimit({ ttl: 60000, limit: 10 })
+export { decision, retry }
+`
+
 /** The Node LTS lines supported and tested (package.json `engines`, the README's "Requirements"). */
 const LTS = ['22', '24']
 
@@ -243,6 +302,12 @@ async function nodeBinary (major: string, cwd: string): Promise<string> {
 const METRICS_PACKAGES = await (async () => {
   const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
   return Object.fromEntries(Object.entries(devDependencies).filter(([name]) => name.startsWith('@opentelemetry/')))
+})()
+
+/** Nest 12 on Express, for tollgate/nest: the versions of the repo's devDependencies. */
+const NEST_PACKAGES = await (async () => {
+  const { devDependencies } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
+  return Object.fromEntries(['@nestjs/common', '@nestjs/core', '@nestjs/platform-express', 'reflect-metadata', 'rxjs'].map((name) => [name, devDependencies[name] as string]))
 })()
 
 interface Project { dir: string, newest: string, tarball: string, files: string[], installLog: string, seconds: { pack: number, install: number } }
@@ -272,7 +337,7 @@ async function setUp (base: string): Promise<Project> {
     name: 'consumer',
     private: true,
     type: 'module',
-    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${newest}`, redis: '^6', iovalkey: '^0.4', '@valkey/valkey-glide': '^2', '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES }
+    dependencies: { tollgate: `file:../${info.filename}`, fastify: '^5', express: '^5', '@types/express': '^5', hono: '^4', '@hono/node-server': '^2', ioredis: `^${newest}`, redis: '^6', iovalkey: '^0.4', '@valkey/valkey-glide': '^2', '@types/redis-errors': '^1.2.3', '@types/node': '^22', ...METRICS_PACKAGES, ...NEST_PACKAGES }
   }, null, 2))
   started = Date.now()
   const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund'], { cwd: dir, maxBuffer: 16 << 20 })
@@ -326,15 +391,16 @@ t.test('the tarball: a LICENSE, the documentation, the built files, no source ma
   t.ok(project.files.includes('dist/index.js') && project.files.includes('dist/index.d.ts'), 'dist/index.js and .d.ts')
   t.ok(project.files.includes('dist/express.js') && project.files.includes('dist/express.d.ts'), 'dist/express.js and .d.ts')
   t.ok(project.files.includes('dist/hono.js') && project.files.includes('dist/hono.d.ts'), 'dist/hono.js and .d.ts')
+  t.ok(project.files.includes('dist/nest.js') && project.files.includes('dist/nest.d.ts'), 'dist/nest.js and .d.ts')
   t.ok(project.files.includes('lua/token-bucket.lua'), 'the scripts')
   t.same(project.files.filter((f) => f.endsWith('.map')), [], 'no source maps (they would point at lib/, which is not shipped)')
   t.same(project.files.filter((f) => f.startsWith('lib/') || f.startsWith('test/')), [], 'no sources or tests')
-  t.same(project.files.filter((f) => f.endsWith('.d.ts')).sort(), ['dist/express.d.ts', 'dist/hono.d.ts', 'dist/http.d.ts', 'dist/index.d.ts', 'dist/types.d.ts'],
+  t.same(project.files.filter((f) => f.endsWith('.d.ts')).sort(), ['dist/express.d.ts', 'dist/hono.d.ts', 'dist/http.d.ts', 'dist/index.d.ts', 'dist/nest.d.ts', 'dist/types.d.ts'],
     'declarations: one per entry and the types they share (the core\'s, the request layer\'s), none of the internal modules')
   const read = async (name: string): Promise<string> => await readFile(join(project.dir, 'node_modules', 'tollgate', 'dist', `${name}.d.ts`), 'utf8')
   const shared = (await Promise.all(['types', 'http'].map(read))).join('\n')
   t.notMatch(shared, /from '(fastify|express|hono|ioredis)/, 'the shared declarations import no framework and no client')
-  const entries = (await Promise.all(['index', 'express', 'hono'].map(read))).join('\n')
+  const entries = (await Promise.all(['index', 'express', 'hono', 'nest'].map(read))).join('\n')
   t.notMatch(shared + entries, /from '(ioredis|iovalkey|redis|@redis\/[a-z-]+|@valkey\/valkey-glide)'/, 'no declaration imports a Redis client package')
   const exported = [...shared.matchAll(/export (?:type )?\{([^}]*)\}/g)].flatMap((m) => (m[1] as string).split(',').map((name) => name.trim())).filter((name) => name !== '')
   t.ok(exported.length > 10, `${exported.length} shared types`)
@@ -342,7 +408,7 @@ t.test('the tarball: a LICENSE, the documentation, the built files, no source ma
   t.same(['RedisStore', 'Guard', 'Engine', 'Remote', 'SettleDeps', 'DenialCache'].filter((name) => new RegExp(`\\b(class|interface|type) ${name}\\b`).test(shared + entries)), [], 'no internal class or type is declared')
   const manifest = JSON.parse(await readFile(join(project.dir, 'node_modules', 'tollgate', 'package.json'), 'utf8')) as { scripts?: Record<string, string>, peerDependencies?: Record<string, string> }
   t.equal(manifest.scripts?.prepare, undefined, 'no prepare script runs in users\' installs')
-  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@hono/node-server', '@opentelemetry/api', '@valkey/valkey-glide', 'express', 'fastify', 'hono', 'ioredis', 'iovalkey', 'redis'])
+  t.same(Object.keys(manifest.peerDependencies ?? {}).sort(), ['@hono/node-server', '@nestjs/common', '@nestjs/core', '@opentelemetry/api', '@valkey/valkey-glide', 'express', 'fastify', 'hono', 'ioredis', 'iovalkey', 'redis'])
 })
 
 t.test('installs next to fastify@5, express@5 and the newest ioredis without a peer warning', async (t) => {
@@ -377,11 +443,14 @@ t.test('without ioredis installed, the published types compile (skipLibCheck fal
   }
 })
 
-t.test('an Express project without fastify installed compiles against tollgate/express, and its types from tollgate (skipLibCheck false)', async (t) => {
+t.test('an Express project (or a Nest one on Express) without fastify installed compiles against tollgate/express (tollgate/nest), and its types from tollgate (skipLibCheck false)', async (t) => {
   const fastify = join(project.dir, 'node_modules', 'fastify')
   await rename(fastify, `${fastify}.hidden`)
   try {
-    t.same(all(compile(project.dir, { 'express-only.ts': EXPRESS_ONLY })), [])
+    t.same(all(compile(project.dir, { 'express-only.ts': EXPRESS_ONLY, 'nest-only.ts': NEST_ONLY })), [])
+    const disarmed = all(compile(project.dir, { 'nest-disarmed.ts': NEST_ONLY.split(MARKER).join('// (disarmed)') }))
+    t.equal(disarmed.length, 1, 'without its marker, one diagnostic')
+    t.match(disarmed, [/nest-disarmed\.ts:\d+: .*'ttl' does not exist/], "@nestjs/throttler's ttl")
   } finally {
     await rename(`${fastify}.hidden`, fastify)
   }
@@ -397,7 +466,7 @@ t.test('a Hono project without fastify or express installed compiles against tol
   }
 })
 
-t.test('require() from CommonJS, and a request decided on Redis through the installed ioredis', async (t) => {
+t.test('require() from CommonJS, and a request decided on Redis through the installed ioredis, on every adapter', async (t) => {
   await writeFile(join(project.dir, 'cjs.cjs'), CJS)
   t.equal((await run('node', ['cjs.cjs'], { cwd: project.dir })).stdout.trim(), 'cjs ok')
   await writeFile(join(project.dir, 'smoke.mjs'), SMOKE)
@@ -410,6 +479,9 @@ t.test('require() from CommonJS, and a request decided on Redis through the inst
   await writeFile(join(project.dir, 'hono-smoke.mjs'), HONO_SMOKE)
   const viaHono = await run('node', ['hono-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-hono` } })
   t.same(JSON.parse(viaHono.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/hono')
+  await writeFile(join(project.dir, 'nest-smoke.mjs'), NEST_SMOKE)
+  const viaNest = await run('node', ['nest-smoke.mjs'], { cwd: project.dir, env: { ...env, PREFIX: `${env.PREFIX}-nest` } })
+  t.same(JSON.parse(viaNest.stdout), { first: 200, source: 'store', second: 429 }, 'tollgate/nest, a Nest 12 app on Express')
 })
 
 /**

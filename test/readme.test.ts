@@ -6,7 +6,7 @@
 // and must exit by themselves. The markers are described in
 // test/helpers/readme.ts and in docs/design/testing.md.
 // test/package.test.ts compiles the same blocks against the packed package.
-// The curl sessions of the Fastify, Express and Hono guides are replayed
+// The curl sessions of the Fastify, Express, Hono and Nest guides are replayed
 // against the examples (built, from dist/) and must print what the guides
 // show. test/links.test.ts checks the documentation's links.
 
@@ -241,7 +241,8 @@ async function startExample (file: string): Promise<{ port: number, stop: () => 
 const SESSIONS: Array<[string, string, string]> = [
   ['docs/guides/fastify.md', '## A curl session', 'examples/app.js'],
   ['docs/guides/express.md', '## A curl session (Express)', 'examples/express.js'],
-  ['docs/guides/hono.md', '## A curl session (Hono)', 'examples/hono.js']
+  ['docs/guides/hono.md', '## A curl session (Hono)', 'examples/hono.js'],
+  ['docs/guides/nest.md', '## A curl session (Nest)', 'examples/nest.js']
 ]
 
 t.test('the curl sessions print what the guides show', async (t) => {

@@ -18,14 +18,15 @@
 // "Migrating from ..." sections of docs/guides/migrating.md hold the same
 // tables (the README links to each under the name the messages give).
 
-export type Adapter = 'fastify' | 'express' | 'hono' | 'core'
-type Library = 'express-rate-limit' | '@fastify/rate-limit' | 'rate-limiter-flexible'
+export type Adapter = 'fastify' | 'express' | 'hono' | 'nest' | 'core'
+type Library = 'express-rate-limit' | '@fastify/rate-limit' | 'rate-limiter-flexible' | '@nestjs/throttler'
 
 /** The libraries an adapter's users likely come from, the likeliest first. */
 const ORDER: Readonly<Record<Adapter, readonly Library[]>> = {
   fastify: ['@fastify/rate-limit', 'express-rate-limit', 'rate-limiter-flexible'],
   express: ['express-rate-limit', 'rate-limiter-flexible', '@fastify/rate-limit'],
   hono: ['express-rate-limit', 'rate-limiter-flexible', '@fastify/rate-limit'],
+  nest: ['@nestjs/throttler', 'express-rate-limit', 'rate-limiter-flexible', '@fastify/rate-limit'],
   core: ['rate-limiter-flexible', 'express-rate-limit', '@fastify/rate-limit']
 }
 
@@ -37,6 +38,7 @@ const ELSEWHERE: Readonly<Record<Adapter, { instance: string, policy: string }>>
   fastify: { instance: "on the plugin's options", policy: "in a route's config.rateLimit or the plugin's options" },
   express: { instance: "in rateLimit()'s options", policy: 'in rateLimit() or limit()' },
   hono: { instance: "in rateLimit()'s options", policy: 'in rateLimit() or limit()' },
+  nest: { instance: "in TollgateModule.forRoot()'s options", policy: 'in TollgateModule.forRoot() or @RateLimit()' },
   core: { instance: "in createLimiter()'s options", policy: 'in the policy given to consume() and peek()' }
 }
 
@@ -63,6 +65,7 @@ function bucketOf (at: Place, count: string, window: string): string {
 function answering (at: Place): string {
   if (at.adapter === 'express') return `${at.opt('handler')}, e.g. (req, res) => res.status(429).json({ message: '...' })`
   if (at.adapter === 'hono') return `${at.opt('handler')}, e.g. (c) => c.json({ message: '...' }, 429)`
+  if (at.adapter === 'nest') return 'an exception filter: a denial is a RateLimitException (an HttpException with code, retryAfter and the rate-limit headers already set on the response)'
   if (at.adapter === 'fastify') return "Fastify's setErrorHandler (a denial is an error with code TOLLGATE_RATE_LIMITED and statusCode 429)"
   return 'nothing: the core answers no request; consume() returns a Decision (allowed: false when denied) for the app to answer'
 }
@@ -209,7 +212,27 @@ function inMemory (at: Place): string {
   return `nothing: the denial cache (${at.opt('denialCache')}, on by default) denies a denied client in process, without a store call, until the wait Redis named is over`
 }
 
+/**
+ * @nestjs/throttler's names: its throttlers count `limit` requests per
+ * `ttl` ms (a fixed window), and are named; `blockDuration` blocks a
+ * client that went over.
+ */
+const NESTJS_THROTTLER: ReadonlyMap<string, Advice> = new Map<string, Advice>([
+  ['ttl', (at) => `${bucketOf(at, 'limit', 'ttl')}: limit: 10, ttl: 60000 (ms) is capacity: 10, refillPerSecond: 10 / 60`],
+  ['blockDuration', (at) => `${at.opt('lockout')}: { after: 1, withinMs: ttl, forMs: blockDuration } blocks a client for forMs from its first denial`],
+  ['throttlers', () => "an array of policies, @RateLimit([{ capacity, refillPerSecond }, { bucket: 'long', capacity, refillPerSecond }]): all must pass, and a denied request spends from none"],
+  ['name', (at) => `${at.opt('bucket')}: it names the policy (and its Redis key)`],
+  ['getTracker', (at) => keyed(at)],
+  ['generateKey', (at) => `${at.opt('key')} for the client and ${at.opt('bucket')} for the route`],
+  ['skipIf', (at) => allowing(at, 'the requests to skip')],
+  ['ignoreUserAgents', (at) => allowing(at, 'those user agents')],
+  ['storage', (at) => `${at.opt('redis')} (an ioredis, iovalkey, node-redis or GLIDE client), or nothing for the in-process store`],
+  ['errorMessage', (at) => answering(at)],
+  ['setHeaders', (at) => headersAs(at, "'draft-6', 'draft-10', 'draft-11', 'legacy' or false")]
+])
+
 const TABLES: Readonly<Record<Library, ReadonlyMap<string, Advice>>> = {
+  '@nestjs/throttler': NESTJS_THROTTLER,
   'express-rate-limit': EXPRESS_RATE_LIMIT,
   '@fastify/rate-limit': FASTIFY_RATE_LIMIT,
   'rate-limiter-flexible': RATE_LIMITER_FLEXIBLE

@@ -97,7 +97,7 @@ export type Middleware<Args extends unknown[]> = (...args: Args) => unknown
 
 /** What an adapter gives for its `rateLimit()`. */
 export interface MiddlewareAdapter<Req extends object, Ctx, Next, Out, Handler, Args extends unknown[]> {
-  adapter: Adapter & ('express' | 'hono')
+  adapter: Adapter & ('express' | 'hono' | 'nest')
   /** Every option `rateLimit()` takes. */
   checks: typeof POLICY_CHECKS & Parsers
   /** The framework's request identity; asked before the start-up begins, so it may warn of its settings first. */

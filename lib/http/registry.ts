@@ -58,7 +58,8 @@ export interface Routes<Req, Route extends object = object> {
  */
 const PLACEMENT = {
   express: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads req.body, or a user that authentication sets, needs the limiter placed after express.json() and after that middleware',
-  hono: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads what a middleware sets (a user with c.get(), a validator\'s c.req.valid()) needs the limiter placed after that middleware'
+  hono: 'the check runs where the limiter is placed among the app\'s middleware: a `key` or `cost` that reads what a middleware sets (a user with c.get(), a validator\'s c.req.valid()) needs the limiter placed after that middleware',
+  nest: 'the check runs in tollgate\'s guard, after the app\'s middleware and before its other guards, pipes and interceptors: a `key` or `cost` can read what a middleware sets (a user, a parsed body), not what a later guard sets'
 } as const
 
 /** Hono's `handler`: `(c, err)`; hono-rate-limiter's `(c, next, options)` is refused with the way over. */
@@ -72,9 +73,11 @@ export function honoHandler (value: unknown, name: string): AppFunction {
 /**
  * The dialect of the middleware adapters: their options are set in
  * rateLimit() or limit(), and a route may answer its denials with its own
- * `handler` (one per route).
+ * `handler` (one per route); Nest's are set in the module's options or
+ * `@RateLimit()`, and its denials go to its exception filters.
  */
 export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
+  if (adapter === 'nest') return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in TollgateModule.forRoot() or @RateLimit()', adapter, placement: PLACEMENT.nest }
   const checks = { ...POLICY_CHECKS, handler: adapter === 'hono' ? honoHandler : isFunction }
   return { checks, wide: [...ROUTE_WIDE, 'handler'], hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter] }
 }

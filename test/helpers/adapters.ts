@@ -24,9 +24,11 @@ import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions, type HonoPolicy, type RateLimitEnv } from '../../lib/hono.js'
+import { TollgateModule, TollgateService, type NestOptions, type NestPolicy } from '../../lib/nest.js'
 import type { Decision, Limiter, Logger } from '../../lib/core/types.js'
 import { captureLogs } from './app.js'
 import { httpGet, type Answer } from './express.js'
+import { controller, nestApp, rateLimitFilter, type Platform, type TestRequest } from './nest.js'
 
 /** The options every adapter takes alike (no logger, no handler: the row sets those). */
 export type SharedOptions = Omit<Partial<TollgateOptions & ExpressOptions>, 'logger' | 'handler' | 'key' | 'cost' | 'allow' | 'limit' | 'settle'>
@@ -300,8 +302,49 @@ const fastifyRow: AdapterRow = {
   }
 }
 
+/**
+ * tollgate/nest on one of Nest's platforms: `global: false`, each route's
+ * limit in its handler's `@RateLimit`; the app's own answers are an
+ * exception filter of RateLimitException.
+ */
+function nestRow (platform: Platform): AdapterRow {
+  const ownAnswers = rateLimitFilter((err) => ({ code: err.code, retryAfter: err.retryAfter }))
+  return {
+    name: `nest-${platform}`,
+    decisionAt: 'req.rateLimit',
+    defaultLog: 'console',
+    startupWait: 'app start',
+    shutdowns: ['app.close()'],
+    late: { child: 'nest-late.ts', env: { NEST_PLATFORM: platform } },
+    async start (t, spec) {
+      const { logger, lines } = middlewareLogs(t, spec.log)
+      const handled: string[] = []
+      const key = (header: string) => (req: TestRequest) => String(req.headers[header] ?? 'anonymous')
+      const routes = spec.routes.map((route) => ({
+        path: route.path,
+        policy: keyed(route, key) as NestPolicy,
+        answer: async (req: TestRequest) => {
+          if (route.handlerMs !== undefined) await sleep(route.handlerMs)
+          if (route.fails === true) throw new Error(HANDLER_FAILED)
+          handled.push(req.url.split('?')[0] as string)
+          return sourceBody(req.rateLimit)
+        }
+      }))
+      const options: NestOptions = { ...spec.options as NestOptions, ...(logger === undefined ? {} : { logger }), global: false }
+      const app = await nestApp(platform, TollgateModule.forRoot(options), [controller('', routes)], spec.ownAnswers === true ? [ownAnswers] : [])
+      let closed: Promise<void> | undefined
+      const close = async (): Promise<void> => { closed ??= app.close(); await closed }
+      t.teardown(close)
+      await app.listen(0, '127.0.0.1')
+      const server: Server = app.getHttpServer()
+      const { at, get } = await listening(t, server)
+      return { at, get, server, logs: () => lines, handled, api: app.get(TollgateService), shutdown: close }
+    }
+  }
+}
+
 /** One row per framework. */
-export const ADAPTERS: readonly AdapterRow[] = [fastifyRow, expressRow('5', express5), honoRow]
+export const ADAPTERS: readonly AdapterRow[] = [fastifyRow, expressRow('5', express5), honoRow, nestRow('express'), nestRow('fastify')]
 
 /** Express 4: the Express adapter's code on the older major, for the promises about the HTTP server it runs on. */
 export const EXPRESS4 = expressRow('4', express4)

@@ -1,7 +1,9 @@
 // One app server of a fleet, in its own process: Fastify, the tollgate
 // plugin and its own ioredis client (Redis or Cluster), once per configured
 // store; or, with `framework: 'express'`, Express and tollgate/express; or,
-// with `framework: 'hono'`, Hono on @hono/node-server and tollgate/hono. Started by test/helpers/fleet.ts with fork(); configured by the
+// with `framework: 'hono'`, Hono on @hono/node-server and tollgate/hono; or,
+// with `framework: 'nest-express'` or `'nest-fastify'`, a Nest app on that
+// platform with tollgate/nest (one store: one module). Started by test/helpers/fleet.ts with fork(); configured by the
 // JSON in TOLLGATE_FLEET (a FleetServerConfig). Reports `{ port }` over IPC once it
 // listens, stops on the 'stop' message, and exits if its parent goes away.
 //
@@ -91,7 +93,8 @@ async function client (store: FleetServerConfig['stores'][string]): Promise<Toll
   return redis
 }
 
-const { port, close } = config.framework === 'express' ? await expressApp(config) : config.framework === 'hono' ? await honoApp(config) : await fastifyApp(config)
+const APPS = { express: expressApp, hono: honoApp, fastify: fastifyApp, 'nest-express': nestFleetApp, 'nest-fastify': nestFleetApp }
+const { port, close } = await APPS[config.framework ?? 'fastify'](config)
 
 async function fastifyApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
   const { default: Fastify } = await import('fastify')
@@ -197,24 +200,25 @@ function slotRoutes (scope: import('fastify').FastifyInstance, store: FleetServe
   })
 }
 
+/** A middleware or module limiter's options over one store (its client made here). */
+async function limitOptions (config: FleetServerConfig, store: FleetServerConfig['stores'][string]) {
+  const { prefix, capacity, refillPerSecond, failureMode, timeout } = config
+  return { redis: await client(store), prefix, capacity, refillPerSecond, failureMode, timeout }
+}
+
+/** The client: the `x-client` header of a Node request ('fleet' without it). */
+function clientHeader (req: { headers: Record<string, string | string[] | undefined> }): string {
+  const client = req.headers['x-client']
+  return typeof client === 'string' ? client : 'fleet'
+}
+
 async function expressApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
   const { default: express } = await import('express')
   const { rateLimit } = await import('../../lib/express.js')
   const app = express()
   const limits: Array<ReturnType<typeof rateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
-    const limit = rateLimit({
-      redis: await client(store),
-      prefix: config.prefix,
-      capacity: config.capacity,
-      refillPerSecond: config.refillPerSecond,
-      failureMode: config.failureMode,
-      timeout: config.timeout,
-      key: (req) => {
-        const client = req.headers['x-client']
-        return typeof client === 'string' ? client : 'fleet'
-      }
-    })
+    const limit = rateLimit({ ...await limitOptions(config, store), key: clientHeader })
     limits.push(limit)
     await limit.ready
     app.get(`/${label}/hit`, limit({ bucket: config.bucket }), (req, res) => {
@@ -241,15 +245,7 @@ async function honoApp (config: FleetServerConfig): Promise<{ port: number, clos
   const app = new Hono<RateLimitEnv>()
   const limits: Array<ReturnType<typeof honoRateLimit>> = []
   for (const [label, store] of Object.entries(config.stores)) {
-    const limit = honoRateLimit({
-      redis: await client(store),
-      prefix: config.prefix,
-      capacity: config.capacity,
-      refillPerSecond: config.refillPerSecond,
-      failureMode: config.failureMode,
-      timeout: config.timeout,
-      key: (c) => c.req.header('x-client') ?? 'fleet'
-    })
+    const limit = honoRateLimit({ ...await limitOptions(config, store), key: (c) => c.req.header('x-client') ?? 'fleet' })
     limits.push(limit)
     await limit.ready
     app.get(`/${label}/hit`, limit({ bucket: config.bucket }), (c) => c.json({ server: config.name, source: c.get('rateLimit')?.source }))
@@ -266,6 +262,21 @@ async function honoApp (config: FleetServerConfig): Promise<{ port: number, clos
       for (const limit of limits) await limit.close()
     }
   }
+}
+
+async function nestFleetApp (config: FleetServerConfig): Promise<{ port: number, close: () => Promise<void> }> {
+  const { TollgateModule } = await import('../../lib/nest.js')
+  const { controller, nestApp } = await import('./nest.js')
+  const [entry, ...more] = Object.entries(config.stores)
+  if (entry === undefined || more.length > 0) throw new Error('a Nest fleet server has one store: one TollgateModule')
+  const [label, store] = entry
+  const module = TollgateModule.forRoot({ ...await limitOptions(config, store), global: false, key: clientHeader })
+  const hit = { path: 'hit', policy: { bucket: config.bucket }, answer: (req: { rateLimit?: { source: string } | undefined }) => JSON.stringify({ server: config.name, source: req.rateLimit?.source }) }
+  const clock = { path: 'clock', answer: () => JSON.stringify({ now: Date.now(), perf: performance.now() }) }
+  const app = await nestApp(config.framework === 'nest-fastify' ? 'fastify' : 'express', module, [controller(label, [hit]), controller('', [clock])])
+  await app.listen(0, '127.0.0.1')
+  const address = (app.getHttpServer() as Server).address()
+  return { port: typeof address === 'object' && address !== null ? address.port : 0, close: async () => { await app.close() } }
 }
 
 let stopping: Promise<void> | undefined

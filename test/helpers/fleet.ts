@@ -43,8 +43,8 @@ export interface FleetServerConfig {
   timeout: number
   /** moves Date and performance.now this many ms ahead in the server process */
   clockSkewMs?: number
-  /** the app: Fastify with the plugin (default), Express with tollgate/express or Hono with tollgate/hono */
-  framework?: 'fastify' | 'express' | 'hono'
+  /** the app: Fastify with the plugin (default), Express with tollgate/express, Hono with tollgate/hono, or Nest on either platform with tollgate/nest */
+  framework?: 'fastify' | 'express' | 'hono' | 'nest-express' | 'nest-fastify'
   /** the plugin's `denialCache` (default: the plugin's default) */
   denialCache?: { maxKeys?: number, maxAgeMs?: number } | false
   /** Fastify only: GET /<label>/locked, on bucket `<bucket>:locked`, with this lockout */

@@ -17,7 +17,7 @@ import { Hono, type Context } from 'hono'
 import { HTTPException } from 'hono/http-exception'
 import { timeout } from 'hono/timeout'
 import { rateLimit, type RateLimitEnv } from '../../lib/hono.js'
-import { lateStores } from './late-stores.js'
+import { lateStores, serveLate } from './late-stores.js'
 
 const TIMEOUT_MS = 30
 const url = process.env.REDIS_URL as string
@@ -30,7 +30,8 @@ const ok = (c: Context): Response => {
   return c.json({ ok: true })
 }
 
-const { redis, slowRedis, proxy, wait, slow: slowOptions, slowDown } = await lateStores(url, prefix)
+const stores = await lateStores(url, prefix)
+const { wait, slow: slowOptions, slowDown } = stores
 const limit = rateLimit(wait)
 const slow = rateLimit(slowOptions)
 await Promise.all([limit.ready, slow.ready])
@@ -41,16 +42,4 @@ const timedOut = timeout(TIMEOUT_MS, () => new HTTPException(503, { message: 'ti
 app.get('/wait', timedOut, limit({ bucket: 'wait', maxWaitMs: 2000 }), ok)
 app.get('/slow', timedOut, slow({ bucket: 'slow' }), ok)
 app.get('/stats', (c) => c.json({ handled }))
-const server = createAdaptorServer({ fetch: app.fetch }) as Server
-server.listen(0, '127.0.0.1', () => {
-  const address = server.address()
-  process.stdout.write(`port ${typeof address === 'object' && address !== null ? address.port : 0}\n`)
-})
-process.once('SIGTERM', () => {
-  server.closeAllConnections()
-  server.close()
-  void Promise.all([limit.close(), slow.close(), proxy.close()]).then(() => {
-    redis.disconnect()
-    slowRedis.disconnect()
-  })
-})
+serveLate(createAdaptorServer({ fetch: app.fetch }) as Server, stores, () => Promise.all([limit.close(), slow.close()]))

@@ -4,6 +4,7 @@
 // `wait`, capacity 1 at 5/s, and `slow`, capacity 1 at 0.01/s inside a 2 s
 // deadline, so that a slow reply arrives well after the apps' timeouts.
 
+import type { Server } from 'node:http'
 import { Redis } from 'ioredis'
 import type { Logger } from '../../lib/core/types.js'
 import { memoryLogger } from './express.js'
@@ -35,4 +36,23 @@ export async function lateStores (url: string, prefix: string): Promise<LateStor
     slow: { redis: slowRedis, prefix, capacity: 1, refillPerSecond: 0.01, failureMode: 'closed', timeout: 2000, logger: memoryLogger() },
     slowDown: () => { proxy.delayMs = SLOW_MS }
   }
+}
+
+/**
+ * Listens on a free port of 127.0.0.1 and prints `port <n>`; on SIGTERM
+ * closes the server, then `close` (the app's limits), the proxy and the clients.
+ */
+export function serveLate (server: Server, stores: LateStores, close: () => Promise<unknown>): void {
+  server.listen(0, '127.0.0.1', () => {
+    const address = server.address()
+    process.stdout.write(`port ${typeof address === 'object' && address !== null ? address.port : 0}\n`)
+  })
+  process.once('SIGTERM', () => {
+    server.closeAllConnections()
+    server.close()
+    void Promise.all([close(), stores.proxy.close()]).then(() => {
+      stores.redis.disconnect()
+      stores.slowRedis.disconnect()
+    })
+  })
 }

@@ -1,7 +1,7 @@
 // Apps whose requests tollgate decides after their response was sent, each
 // in a process of its own under Node's default unhandled-rejection
 // behaviour (one ends the process): the children of test/helpers/
-// (express-late.ts, hono-late.ts, fastify-late.ts), the scenarios each one serves, and
+// (express-late.ts, hono-late.ts, fastify-late.ts, nest-late.ts), the scenarios each one serves, and
 // the client that drives them. Used by test/adapter-lifecycle.test.ts over
 // the rows of test/helpers/adapters.ts that name a child.
 
@@ -47,6 +47,10 @@ export const LATE_SCENARIOS: Record<string, LateScenario[]> = {
     { name: 'an async handler that rejects: its error goes to next(err)', paths: ['/handler', '/handler'], answers: [passed, { status: 500, body: '{"message":"the handler failed"}' }], stats: { handled: { wait: 1, handler: 1 }, errors: ['the handler failed'] } }
   ],
   'hono-late.ts': [
+    { name: 'a wait under maxWaitMs ends after the timeout middleware answered', paths: ['/wait', '/wait'], answers: [passed, timedOut], stats: { handled: { wait: 1 } } },
+    { name: 'a slow Redis (inside the deadline) decides after the timeout middleware answered: allowed, then denied', paths: ['/slow', '/slow'], answers: [timedOut, timedOut], stats: { handled: { wait: 1 } } }
+  ],
+  'nest-late.ts': [
     { name: 'a wait under maxWaitMs ends after the timeout middleware answered', paths: ['/wait', '/wait'], answers: [passed, timedOut], stats: { handled: { wait: 1 } } },
     { name: 'a slow Redis (inside the deadline) decides after the timeout middleware answered: allowed, then denied', paths: ['/slow', '/slow'], answers: [timedOut, timedOut], stats: { handled: { wait: 1 } } }
   ],
