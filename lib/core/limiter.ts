@@ -258,8 +258,9 @@ function facade (engine: Engine, slots: Slots, parts: EngineParts, warm: () => P
       return await slots.acquire(clientKey, list, undefined)
     },
     async close () {
-      await slots.close()
-      await engine.close()
+      // Both at once: the engine stops its subscription and waits in the same
+      // turn as close() is called, while the held slots are given back.
+      await Promise.all([slots.close(), engine.close()])
     },
     get state () {
       return parts.remote?.guard.state ?? 'healthy'

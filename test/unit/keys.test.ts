@@ -10,6 +10,7 @@ import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastif
 import tollgate, { type TollgateOptions } from '../../lib/index.js'
 import { clientId, hashTag, ipIdentity } from '../../lib/core/keys.js'
 import { Engine } from '../../lib/core/engine.js'
+import { wire } from '../../lib/core/limiter.js'
 import type { DecisionMessage } from '../../lib/core/types.js'
 import { FakeTime } from './helpers/fake-time.js'
 import { FailingStore, UNIT_KEY_SECRET, engineOver } from './helpers/failing-store.js'
@@ -112,6 +113,24 @@ t.test('a client\'s part of its keys, kept once named, is the one named afresh, 
   for (let i = 0; i <= 10_000; i++) keyOf(`c${i}`)
   for (const id of ids) t.equal(keyOf(id), keyUnder(UNIT_KEY_SECRET, 'tollgate', id, 'b'), `${JSON.stringify(id.slice(0, 8))}: after the cap`)
   t.equal(keyOf('c10000'), keyUnder(UNIT_KEY_SECRET, 'tollgate', 'c10000', 'b'), 'a client still kept')
+})
+
+t.test('a partition key (draft-11 pk): 12 bytes, one per client under the fleet\'s secret; a server that has not read the secret yet gives its own', async (t) => {
+  const time = new FakeTime()
+  const fleet = [engineOver(new FailingStore(time), time).parts, engineOver(new FailingStore(time), time).parts]
+  const [a, b] = fleet.map((parts) => parts.names.partition('alice').toString('base64'))
+  t.equal(a, b, 'two servers of one fleet (one keySecret) give alice one pk')
+  t.equal(Buffer.from(a ?? '', 'base64').length, 12)
+  t.not(fleet[0]?.names.partition('bob').toString('base64'), a, 'bob another')
+  t.not(fleet[0]?.names.partition('{x}alice').toString('base64'), a, 'an id in braces another')
+  // No keySecret, and a store that never answered: the fleet's secret is unknown.
+  const silent = { warn () {}, info () {}, error () {} }
+  const unread = [wire({ logger: silent }, time, new FailingStore(time)), wire({ logger: silent }, time, new FailingStore(time))]
+  t.notOk(unread[0]?.names.known, 'the secret is not read')
+  const provisional = unread.map((parts) => parts.names.partition('alice').toString('base64'))
+  t.equal(Buffer.from(provisional[0] ?? '', 'base64').length, 12)
+  t.not(provisional[0], provisional[1], 'before the secret is read, each server has its own (as its keys are never sent)')
+  t.not(provisional[0], a)
 })
 
 t.test('hashTag: 8 base64url characters of an HMAC, stable under one secret, another under another', async (t) => {
