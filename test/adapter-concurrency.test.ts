@@ -83,6 +83,37 @@ async function badValues (t: Test, row: AdapterRow): Promise<void> {
   }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
 }
 
+/**
+ * maxWaitMs: two holders of a 600 ms handler; a waiter sent 100 ms in waits
+ * 400 ms and gets the 429 (the holders end at 600 ms at the earliest); one
+ * sent 450 ms in is admitted when a holder ends (~600 ms), 250 ms before
+ * its wait would end, room for a loaded machine.
+ */
+async function waiting (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 }, maxWaitMs: 400 }, handlerMs: 600 }]
+  })
+  const started = performance.now()
+  const holders = [app.get('/export'), app.get('/export')]
+  await sleep(100)
+  const late = await app.get('/export')
+  t.equal(late.status, 429, 'both slots held past its wait: the 429')
+  t.equal(late.headers['retry-after'], '1', 'Retry-After: 1')
+  t.ok(performance.now() - started >= 490, 'answered once its 400 ms wait was over, not before')
+  await sleep(450 - (performance.now() - started))
+  const admitted = app.get('/export')
+  const ends = await Promise.all(holders)
+  const endedAt = performance.now()
+  t.same(ends.map((r) => r.status), [200, 200])
+  t.equal((await admitted).status, 200, 'admitted when a holder ended')
+  t.ok(performance.now() - endedAt >= 500, 'its handler ran after a holder ended (it waited, it was not let through)')
+  await sleep(RELEASE_MS)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'every slot given back')
+}
+
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
   const redis = await sharedRedis(t)
   const prefix = uniquePrefix()
@@ -128,6 +159,7 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
+    t.test('maxWaitMs: a waiter is admitted when a holder ends, or denied once its wait is over', (t) => waiting(t, row))
     for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))
   })
 }

@@ -15,9 +15,10 @@
 // leased bucket is spent from this server's batch, which a settlement
 // cannot reach. A shadow policy never holds a request, so it cannot wait.
 // A concurrency policy (lib/core/concurrency.ts) holds slots, not tokens:
-// it has no sizes, cost, lease, lockout or wait of its own (`concurrency`
-// refuses them), a reservation cannot settle a slot, and a consume or peek
-// has no release to give one back (`acquire` takes slots).
+// it has no sizes, cost, lease or lockout of its own (`concurrency` refuses
+// them; its `maxWaitMs` is a wait for a slot), a reservation cannot settle
+// a slot, and a consume or peek has no release to give one back (`acquire`
+// takes slots).
 
 import { optionError } from './errors.js'
 import { concurrencyLimit, localLimit } from './concurrency-policy.js'
@@ -80,7 +81,8 @@ export const POLICY_FIELDS = {
   lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY } }),
   maxWaitMs: field(maxWaitMs, {
     path: 'ext',
-    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
+    // With `concurrency`, a wait for a slot (lib/core/slot-wait.ts).
+    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
   }),
   concurrency: field(concurrencyLimit, {
     refused: {
