@@ -114,6 +114,31 @@ async function waiting (t: Test, row: AdapterRow): Promise<void> {
   t.same(await redis.keys(`${prefix}:*!slots`), [], 'every slot given back')
 }
 
+/**
+ * A client that leaves while it waits for a slot: when the holder's 400 ms
+ * handler ends, the slot its wait then takes is given back at once (its
+ * request has ended), so none is left held.
+ */
+async function goneWhileWaiting (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 }, maxWaitMs: 2000 }, handlerMs: 400 }]
+  })
+  const holder = app.get('/export')
+  await sleep(100)
+  const gone = request({ ...app.at, path: '/export' })
+  gone.on('error', () => {})
+  gone.end()
+  await sleep(100)
+  gone.destroy()
+  t.equal((await holder).status, 200)
+  await sleep(RELEASE_MS)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'the waiter gone before the slot freed holds none')
+  t.equal((await app.get('/export')).status, 200, 'the next request takes the slot at once')
+}
+
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
   const redis = await sharedRedis(t)
   const prefix = uniquePrefix()
@@ -160,6 +185,7 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
     t.test('maxWaitMs: a waiter is admitted when a holder ends, or denied once its wait is over', (t) => waiting(t, row))
+    t.test('maxWaitMs: a client gone while it waits holds no slot', (t) => goneWhileWaiting(t, row))
     for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))
   })
 }
