@@ -81,6 +81,14 @@ async function badValues (t: Test, row: AdapterRow): Promise<void> {
     options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
     routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, capacity: 5 } }]
   }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, cost: () => 2 } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /cost` must be unset with `concurrency` \(a concurrency policy limits concurrency only: list a rate policy beside it\), got a function/ }, 'a cost function in the same policy is refused, not ignored')
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, failureMode: 'local' } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /local` must be an object \{ max \} \(an in-process semaphore of that size\) with failureMode 'local'/ }, "failureMode 'local' without local asks for a semaphore")
 }
 
 /**

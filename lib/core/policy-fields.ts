@@ -58,7 +58,7 @@ function field<T> (parse: Parse<T>, rest: Omit<Field<T>, 'parse'> = {}): Field<T
 export const LEASE_IN_LIST = 'unset in an array of policies (leases serve single-policy routes)'
 const SINGLE_POLICY = 'unset in an array of policies (it serves single-policy checks)'
 const UNSETTLED = 'unset to reserve and settle (a settlement charges a plain bucket)'
-const SLOTS_ONLY = 'unset with `concurrency` (a concurrency policy limits concurrency only: list a rate policy beside it)'
+export const SLOTS_ONLY = 'unset with `concurrency` (a concurrency policy limits concurrency only: list a rate policy beside it)'
 
 /** The policy's fields, in the order their errors are reported. */
 export const POLICY_FIELDS = {
@@ -153,6 +153,16 @@ function checkLocal (fields: Partial<Policy>, slots: boolean, where: string): vo
   const local = fields.local
   if (local === undefined || (local.max !== undefined) === slots) return
   throw optionError(where + 'local', local, slots ? 'an object { max } with `concurrency`' : 'an object { capacity, refillPerSecond }')
+}
+
+/**
+ * `failureMode: 'local'` needs its `local`, as the policy's kind needs it:
+ * `{ max }` (an in-process semaphore) with `concurrency`, else a bucket.
+ */
+export function checkLocalSet (fields: Readonly<Pick<Partial<Policy>, 'failureMode' | 'local' | 'concurrency'>>, where: string): void {
+  if (fields.failureMode !== 'local' || fields.local !== undefined) return
+  const wanted = fields.concurrency === undefined ? 'an object { capacity, refillPerSecond }' : 'an object { max } (an in-process semaphore of that size)'
+  throw optionError(where + 'local', undefined, `${wanted} with failureMode 'local'`)
 }
 
 /**

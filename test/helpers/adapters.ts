@@ -32,11 +32,11 @@ import { httpGet, type Answer } from './express.js'
 export type SharedOptions = Omit<Partial<TollgateOptions & ExpressOptions>, 'logger' | 'handler' | 'key' | 'cost' | 'allow' | 'limit' | 'settle'>
 
 /**
- * A route's limit, in the fields every adapter takes alike; a `key` that
- * ignores the request and a numeric `cost` are among them (functions of
- * the request are not: each framework hands its own request type).
+ * A route's limit, in the fields every adapter takes alike; a `key` and a
+ * `cost` that ignore the request are among them (functions that read the
+ * request are not: each framework hands its own request type).
  */
-export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'> & { key?: () => string, cost?: number }
+export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'> & { key?: () => string, cost?: number | (() => number) }
 
 export interface RouteSpec {
   path: string

@@ -128,6 +128,7 @@ t.test('bad values are refused, naming the option', async (t) => {
   await bad({ ...exports, failureMode: 'local', local: { capacity: 1, refillPerSecond: 1 } }, /`policy\.local` must be an object \{ max \} with `concurrency`/, 'a rate local')
   await bad({ bucket: 'r', capacity: 1, refillPerSecond: 1, failureMode: 'local', local: { max: 1 } }, /`policy\.local` must be an object \{ capacity, refillPerSecond \}/, 'a slot local on a rate')
   await bad({ ...exports, failureMode: 'local', local: { max: 0 } }, /`policy\.local\.max`/, 'a bad local max')
+  await bad({ ...exports, failureMode: 'local' }, /`policy\.local` must be an object \{ max \} \(an in-process semaphore of that size\) with failureMode 'local', got undefined/, 'local without local: a semaphore is asked for')
   await bad('exports', /`policy` must be a policy object/, 'not an object')
   await bad([], /`policy` must be a policy or a non-empty array of policies/, 'an empty list')
   await t.rejects(limiter.acquire(JSON.parse('1'), exports), /`clientKey` must be a string/)
