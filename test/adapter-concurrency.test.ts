@@ -92,6 +92,29 @@ async function badValues (t: Test, row: AdapterRow): Promise<void> {
 }
 
 /**
+ * A timeout of the app's (declared before the limit) answers 503 50 ms
+ * into a 600 ms handler: the slot is given back at that answer, checked
+ * RELEASE_MS later, while the handler still runs (400 ms of margin).
+ */
+async function timedOut (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 600, timeoutMs: 50 }]
+  })
+  const started = performance.now()
+  const first = await app.get('/export')
+  t.equal(first.status, 503, 'the timeout answered first')
+  await sleep(RELEASE_MS)
+  t.ok(performance.now() - started < 550, 'checked while its handler still runs')
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'its slot was given back at that answer')
+  t.equal((await app.get('/export')).status, 503, 'the next request takes the slot (its own timeout answers it, not a 429)')
+  await sleep(600)
+  t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
+}
+
+/**
  * maxWaitMs: two holders of a 600 ms handler; a waiter sent 100 ms in waits
  * 400 ms and gets the 429 (the holders end at 600 ms at the earliest); one
  * sent 450 ms in is admitted when a holder ends (~600 ms), 250 ms before
@@ -192,6 +215,7 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
+    t.test('released when a timeout of the app answers first, while the handler runs', (t) => timedOut(t, row))
     t.test('maxWaitMs: a waiter is admitted when a holder ends, or denied once its wait is over', (t) => waiting(t, row))
     t.test('maxWaitMs: a client gone while it waits holds no slot', (t) => goneWhileWaiting(t, row))
     for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))

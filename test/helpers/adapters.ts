@@ -20,6 +20,8 @@ import express5, { type Request, type RequestHandler } from 'express'
 import express4 from 'express4'
 import Fastify, { LogController, type FastifyError, type FastifyReply, type FastifyRequest } from 'fastify'
 import { Hono, type Context } from 'hono'
+import { HTTPException } from 'hono/http-exception'
+import { timeout } from 'hono/timeout'
 import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
@@ -53,6 +55,12 @@ export interface RouteSpec {
   handlerMs?: number
   /** The handler fails (after `handlerMs`) with an error: the framework's 500. */
   fails?: boolean
+  /**
+   * A timeout of the app's, declared before the limit: the framework's own
+   * 503 sent this many ms after the request arrives, whatever the handler
+   * does; the handler, when it ends, finds the answer sent and sends none.
+   */
+  timeoutMs?: number
 }
 
 /** A programmatic policy: named bucket, numeric cost. */
@@ -150,8 +158,22 @@ function later (route: RouteSpec, answered: RequestHandler): RequestHandler {
   const answer: RequestHandler = route.fails === true ? (_req, _res, next) => { next(new Error(HANDLER_FAILED)) } : answered
   const ms = route.handlerMs
   if (ms === undefined) return answer
-  return (req, res, next) => { setTimeout(() => { answer(req, res, next) }, ms) }
+  return (req, res, next) => { setTimeout(() => { if (!res.headersSent) answer(req, res, next) }, ms) }
 }
+
+/** The Express middlewares of a route's `timeoutMs`: one that answers 503 when it is over, before the limit; none without it. */
+function expressTimeout (route: RouteSpec): RequestHandler[] {
+  const ms = route.timeoutMs
+  if (ms === undefined) return []
+  return [(_req, res, next) => {
+    const timer = setTimeout(() => { if (!res.headersSent) res.status(503).send(TIMED_OUT) }, ms)
+    res.once('close', () => { clearTimeout(timer) })
+    next()
+  }]
+}
+
+/** The body of a route's timeout. */
+const TIMED_OUT = 'timed out'
 
 /** The body every row's handlers answer with. */
 function sourceBody (decision: { source: string } | undefined): string {
@@ -227,7 +249,7 @@ function expressRow (major: '5' | '4', express: typeof express5 | typeof express
         const app = express()
         const answer: RequestHandler = (req, res) => { handled.push(req.path); res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
         const key = (header: string) => (req: Request) => req.get(header) ?? 'anonymous'
-        for (const route of spec.routes) app.get(route.path, limit(keyed(route, key) as ExpressPolicy), later(route, answer))
+        for (const route of spec.routes) app.get(route.path, ...expressTimeout(route), limit(keyed(route, key) as ExpressPolicy), later(route, answer))
         return createServer(app)
       })
   }
@@ -249,6 +271,8 @@ const honoRow: AdapterRow = {
       const app = new Hono<RateLimitEnv>()
       const key = (header: string) => (c: Context) => c.req.header(header) ?? 'anonymous'
       for (const route of spec.routes) {
+        // Hono's own timeout middleware: a 503 once it is over, the handler left running.
+        if (route.timeoutMs !== undefined) app.use(route.path, timeout(route.timeoutMs, () => new HTTPException(503, { message: TIMED_OUT })))
         app.get(route.path, limit(keyed(route, key) as HonoPolicy), async (c) => {
           if (route.handlerMs !== undefined) await sleep(route.handlerMs)
           if (route.fails === true) throw new Error(HANDLER_FAILED)
@@ -258,6 +282,15 @@ const honoRow: AdapterRow = {
       }
       return createAdaptorServer({ fetch: app.fetch }) as Server
     })
+}
+
+/** A Fastify route's `timeoutMs`: an onRequest hook whose timer sends the 503 when it is over. */
+function fastifyTimeout (ms: number) {
+  return (_request: FastifyRequest, reply: FastifyReply, done: () => void): void => {
+    const timer = setTimeout(() => { if (!reply.sent) void reply.code(503).send(TIMED_OUT) }, ms)
+    reply.raw.once('close', () => { clearTimeout(timer) })
+    done()
+  }
 }
 
 const PINO_LEVELS: Record<number, LogLine['level']> = { 30: 'info', 40: 'warn', 50: 'error' }
@@ -284,8 +317,9 @@ const fastifyRow: AdapterRow = {
     const handled: string[] = []
     const key = (header: string) => (request: FastifyRequest) => String(request.headers[header] ?? 'anonymous')
     for (const route of spec.routes) {
-      app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit } }, async (request, reply) => {
+      app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit }, ...(route.timeoutMs === undefined ? {} : { onRequest: fastifyTimeout(route.timeoutMs) }) }, async (request, reply) => {
         if (route.handlerMs !== undefined) await sleep(route.handlerMs)
+        if (reply.sent) return
         if (route.fails === true) throw new Error(HANDLER_FAILED)
         handled.push(request.url.split('?')[0] as string)
         return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
