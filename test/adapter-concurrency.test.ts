@@ -170,6 +170,34 @@ async function goneWhileWaiting (t: Test, row: AdapterRow): Promise<void> {
   t.equal((await app.get('/export')).status, 200, 'the next request takes the slot at once')
 }
 
+/** The programmatic API's `acquire`, over the instance's options: the route's slots, a list all or nothing, bad values refused. */
+async function programmaticAcquire (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, capacity: 5, refillPerSecond: 1, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } } }]
+  })
+  const exports = { bucket: 'exports', concurrency: { max: 1 } }
+  const held = await app.api.acquire('one', exports)
+  t.match(held.decision, { allowed: true, limit: 1, remaining: 0, source: 'store' }, 'a slot, sized by its max (the options\' capacity does not apply)')
+  t.equal((await app.get('/export')).status, 429, 'the route\'s slot: its request is refused while it is held')
+  t.match((await app.api.acquire('one', exports)).decision, { allowed: false, retryAfterMs: 1000 })
+  await held.release()
+  await held.release()
+  t.equal((await app.get('/export')).status, 200, 'given back once: the route takes it')
+  const both = [{ bucket: 'rate', capacity: 1, refillPerSecond: 0.001 }, { bucket: 'slots', concurrency: { max: 2 } }]
+  const first = await app.api.acquire('two', both)
+  const second = await app.api.acquire('two', both)
+  t.same([first.decision.allowed, second.decision.allowed], [true, false], 'a list: the rate policy\'s one token spent, the next is refused')
+  t.equal(await redis.zcard((await redis.keys(`${prefix}:*slots!slots`))[0] ?? ''), 1, 'all or nothing: the denied call took no slot')
+  await first.release()
+  await t.rejects(app.api.acquire(JSON.parse('42'), exports), { code: 'TOLLGATE_INVALID_OPTION', message: /`clientKey` must be a string/ })
+  await t.rejects(app.api.acquire('x', { ...exports, cost: 2 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy\.cost` must be unset with `concurrency`/ })
+  await t.rejects(app.api.acquire('x', [{ ...exports, maxWaitMs: 10 }, { ...exports, bucket: 'other' }]), { code: 'TOLLGATE_INVALID_OPTION', message: /maxWaitMs` must be unset in an array of policies/ })
+  await t.rejects(app.api.acquire('x', []), { code: 'TOLLGATE_INVALID_OPTION' }, 'an empty list')
+}
+
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
   const redis = await sharedRedis(t)
   const prefix = uniquePrefix()
@@ -215,6 +243,7 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
+    t.test('the programmatic API\'s acquire', (t) => programmaticAcquire(t, row))
     t.test('released when a timeout of the app answers first, while the handler runs', (t) => timedOut(t, row))
     t.test('maxWaitMs: a waiter is admitted when a holder ends, or denied once its wait is over', (t) => waiting(t, row))
     t.test('maxWaitMs: a client gone while it waits holds no slot', (t) => goneWhileWaiting(t, row))

@@ -26,7 +26,7 @@ import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions, type HonoPolicy, type RateLimitEnv } from '../../lib/hono.js'
-import type { Decision, Limiter, Logger } from '../../lib/core/types.js'
+import type { Acquired, Decision, Limiter, Logger } from '../../lib/core/types.js'
 import { captureLogs } from './app.js'
 import { httpGet, type Answer } from './express.js'
 
@@ -63,14 +63,15 @@ export interface RouteSpec {
   timeoutMs?: number
 }
 
-/** A programmatic policy: named bucket, numeric cost. */
-export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number }
+/** A programmatic policy: named bucket, numeric cost; a concurrency policy for `acquire`. */
+export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number, concurrency?: { max: number, leaseMs?: number }, maxWaitMs?: number }
 
 /** What every adapter's programmatic API offers alike. */
 export interface ProgrammaticApi {
   consume (clientKey: string, policy: NamedPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: NamedPolicy): Promise<Decision>
   reset (clientKey: string, bucket: string): Promise<void>
+  acquire (clientKey: string, policy: NamedPolicy | readonly NamedPolicy[]): Promise<Acquired>
   readonly limiter: Limiter
 }
 
