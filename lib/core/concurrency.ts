@@ -296,6 +296,7 @@ function entryDecision (entry: Decided, source: DecisionSource): Decision {
   const ok = fits(entry)
   const own = 'ok' in outcome
     // A denial's retry is a second: a slot frees when a request ends, which no one can foretell.
+    // The earliest lease end is no bound: a live request renews its slot before it (docs/guides/concurrency.md).
     ? { allowed: ok, limit: policy.capacity, remaining: Math.max(0, policy.capacity - outcome.taken), resetMs: 0, retryAfterMs: ok ? 0 : 1000, source, bucket: policy.bucket }
     : summarize([policy], outcome.rate, source)
   return policy.shadow === true ? shadowed(own) : own
