@@ -81,6 +81,121 @@ async function badValues (t: Test, row: AdapterRow): Promise<void> {
     options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
     routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, capacity: 5 } }]
   }), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity` must be unset with `concurrency`/ }, 'a rate field in the same policy is refused')
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, cost: () => 2 } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /cost` must be unset with `concurrency` \(a concurrency policy limits concurrency only: list a rate policy beside it\), got a function/ }, 'a cost function in the same policy is refused, not ignored')
+  await t.rejects(row.start(t, {
+    options: { redis, prefix: uniquePrefix(), failureMode: 'closed' },
+    routes: [{ path: '/bad', policy: { bucket: 'bad', concurrency: { max: 1 }, failureMode: 'local' } }]
+  }), { code: 'TOLLGATE_INVALID_OPTION', message: /local` must be an object \{ max \} \(an in-process semaphore of that size\) with failureMode 'local'/ }, "failureMode 'local' without local asks for a semaphore")
+}
+
+/**
+ * A timeout of the app's (declared before the limit) answers 503 50 ms
+ * into a 600 ms handler: the slot is given back at that answer, checked
+ * RELEASE_MS later, while the handler still runs (400 ms of margin).
+ */
+async function timedOut (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } }, handlerMs: 600, timeoutMs: 50 }]
+  })
+  const started = performance.now()
+  const first = await app.get('/export')
+  t.equal(first.status, 503, 'the timeout answered first')
+  await sleep(RELEASE_MS)
+  t.ok(performance.now() - started < 550, 'checked while its handler still runs')
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'its slot was given back at that answer')
+  t.equal((await app.get('/export')).status, 503, 'the next request takes the slot (its own timeout answers it, not a 429)')
+  await sleep(600)
+  t.same(app.logs().filter((l) => l.level === 'error'), [], 'nothing was logged as an error')
+}
+
+/**
+ * maxWaitMs: two holders of a 600 ms handler; a waiter sent 100 ms in waits
+ * 400 ms and gets the 429 (the holders end at 600 ms at the earliest); one
+ * sent 450 ms in is admitted when a holder ends (~600 ms), 250 ms before
+ * its wait would end, room for a loaded machine.
+ */
+async function waiting (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 }, maxWaitMs: 400 }, handlerMs: 600 }]
+  })
+  const started = performance.now()
+  const holders = [app.get('/export'), app.get('/export')]
+  await sleep(100)
+  const late = await app.get('/export')
+  t.equal(late.status, 429, 'both slots held past its wait: the 429')
+  t.equal(late.headers['retry-after'], '1', 'Retry-After: 1')
+  t.ok(performance.now() - started >= 490, 'answered once its 400 ms wait was over, not before')
+  await sleep(450 - (performance.now() - started))
+  const admitted = app.get('/export')
+  const ends = await Promise.all(holders)
+  const endedAt = performance.now()
+  t.same(ends.map((r) => r.status), [200, 200])
+  t.equal((await admitted).status, 200, 'admitted when a holder ended')
+  t.ok(performance.now() - endedAt >= 500, 'its handler ran after a holder ended (it waited, it was not let through)')
+  await sleep(RELEASE_MS)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'every slot given back')
+}
+
+/**
+ * A client that leaves while it waits for a slot: when the holder's 400 ms
+ * handler ends, the slot its wait then takes is given back at once (its
+ * request has ended), so none is left held.
+ */
+async function goneWhileWaiting (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 }, maxWaitMs: 2000 }, handlerMs: 400 }]
+  })
+  const holder = app.get('/export')
+  await sleep(100)
+  const gone = request({ ...app.at, path: '/export' })
+  gone.on('error', () => {})
+  gone.end()
+  await sleep(100)
+  gone.destroy()
+  t.equal((await holder).status, 200)
+  await sleep(RELEASE_MS)
+  t.same(await redis.keys(`${prefix}:*!slots`), [], 'the waiter gone before the slot freed holds none')
+  t.equal((await app.get('/export')).status, 200, 'the next request takes the slot at once')
+}
+
+/** The programmatic API's `acquire`, over the instance's options: the route's slots, a list all or nothing, bad values refused. */
+async function programmaticAcquire (t: Test, row: AdapterRow): Promise<void> {
+  const redis = await sharedRedis(t)
+  const prefix = uniquePrefix()
+  const app = await row.start(t, {
+    options: { redis, prefix, capacity: 5, refillPerSecond: 1, failureMode: 'closed', timeout: 1000 },
+    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 1 } } }]
+  })
+  const exports = { bucket: 'exports', concurrency: { max: 1 } }
+  const held = await app.api.acquire('one', exports)
+  t.match(held.decision, { allowed: true, limit: 1, remaining: 0, source: 'store' }, 'a slot, sized by its max (the options\' capacity does not apply)')
+  t.equal((await app.get('/export')).status, 429, 'the route\'s slot: its request is refused while it is held')
+  t.match((await app.api.acquire('one', exports)).decision, { allowed: false, retryAfterMs: 1000 })
+  await held.release()
+  await held.release()
+  t.equal((await app.get('/export')).status, 200, 'given back once: the route takes it')
+  const both = [{ bucket: 'rate', capacity: 1, refillPerSecond: 0.001 }, { bucket: 'slots', concurrency: { max: 2 } }]
+  const first = await app.api.acquire('two', both)
+  const second = await app.api.acquire('two', both)
+  t.same([first.decision.allowed, second.decision.allowed], [true, false], 'a list: the rate policy\'s one token spent, the next is refused')
+  t.equal(await redis.zcard((await redis.keys(`${prefix}:*slots!slots`))[0] ?? ''), 1, 'all or nothing: the denied call took no slot')
+  await first.release()
+  await t.rejects(app.api.acquire(JSON.parse('42'), exports), { code: 'TOLLGATE_INVALID_OPTION', message: /`clientKey` must be a string/ })
+  await t.rejects(app.api.acquire('x', { ...exports, cost: 2 }), { code: 'TOLLGATE_INVALID_OPTION', message: /`policy\.cost` must be unset with `concurrency`/ })
+  await t.rejects(app.api.acquire('x', [{ ...exports, maxWaitMs: 10 }, { ...exports, bucket: 'other' }]), { code: 'TOLLGATE_INVALID_OPTION', message: /maxWaitMs` must be unset in an array of policies/ })
+  await t.rejects(app.api.acquire('x', []), { code: 'TOLLGATE_INVALID_OPTION' }, 'an empty list')
 }
 
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
@@ -128,6 +243,10 @@ for (const row of [...ADAPTERS, EXPRESS4]) {
     t.test('bad values fail the start-up, naming the option', (t) => badValues(t, row))
     t.test('one request at a time; released on finish and on disconnect', (t) => oneAtATime(t, row))
     t.test('released when the handler fails', (t) => failing(t, row))
+    t.test('the programmatic API\'s acquire', (t) => programmaticAcquire(t, row))
+    t.test('released when a timeout of the app answers first, while the handler runs', (t) => timedOut(t, row))
+    t.test('maxWaitMs: a waiter is admitted when a holder ends, or denied once its wait is over', (t) => waiting(t, row))
+    t.test('maxWaitMs: a client gone while it waits holds no slot', (t) => goneWhileWaiting(t, row))
     for (const first of row.shutdowns) t.test(`released on shutdown, ${first} first`, (t) => shutdown(t, row, first))
   })
 }

@@ -11,6 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import { createLimiter } from '../lib/index.js'
+import { POLL_MS } from '../lib/core/slot-wait.js'
 import type { ConcurrencyPolicy, Limiter, Policy } from '../lib/core/types.js'
 import { uniqueTag } from './helpers/model.js'
 import { naiveAcquire } from './helpers/naive.js'
@@ -176,6 +177,23 @@ t.test('clock steps: a member scored past one lease is clamped; an ended one is 
   await first.release()
 })
 
+t.test('maxWaitMs across servers: a slot given back by another limiter is found by polling, within POLL_MS', async (t) => {
+  const [holder, waiter] = [await limiterOf(t), await limiterOf(t)]
+  const policy: ConcurrencyPolicy = { ...slots('polled', 1), maxWaitMs: 2000 }
+  const held = await holder.acquire('client', policy)
+  const waiting = waiter.acquire('client', policy)
+  await sleep(300)
+  const releasedAt = performance.now()
+  await held.release()
+  const got = await waiting
+  const late = performance.now() - releasedAt
+  t.match(got.decision, { allowed: true, source: 'store' }, 'admitted once the other server gave its slot back')
+  t.ok((got.decision.waitedMs ?? 0) >= 300, `it waited for it (${got.decision.waitedMs} ms)`)
+  // One poll interval, and 150 ms for the script calls on a loaded machine.
+  t.ok(late <= POLL_MS + 150, `found ${Math.round(late)} ms after the release: no later than a poll`)
+  await got.release()
+})
+
 t.test('close gives back every held slot', async (t) => {
   const redis = new Redis(url)
   t.teardown(() => redis.quit())
@@ -203,7 +221,12 @@ t.test('failure modes: open takes nothing, closed refuses, local is an in-proces
   await limiter.ready
   const held = await limiter.acquire('client', slots('outage', 1))
   t.equal(held.decision.source, 'store')
+  const waitedFrom = performance.now()
+  const waiting = limiter.acquire('client', { ...slots('outage', 1), maxWaitMs: 5000 })
+  await sleep(50)
   await server.kill()
+  t.match((await waiting).decision, { allowed: false, source: 'fail-closed' }, 'a waiter whose retry fails closed is answered so: an outage is not waited out')
+  t.ok(performance.now() - waitedFrom < 2000, 'long before its wait would end')
   const open = await limiter.acquire('client', { ...slots('outage', 1), failureMode: 'open' })
   t.match(open.decision, { allowed: true, source: 'fail-open' })
   await open.release()
@@ -217,7 +240,15 @@ t.test('failure modes: open takes nothing, closed refuses, local is an in-proces
   t.match(first.decision, { allowed: true, source: 'local', limit: 1 })
   t.match(second.decision, { allowed: false, source: 'local' })
   await first.release()
-  t.match((await limiter.acquire('client', local)).decision, { allowed: true, source: 'local' }, 'released in this process')
+  const again = await limiter.acquire('client', local)
+  t.match(again.decision, { allowed: true, source: 'local' }, 'released in this process')
+  const startedAt = performance.now()
+  t.match((await limiter.acquire('client', { ...slots('outage', 1), maxWaitMs: 5000 })).decision, { allowed: false, source: 'fail-closed' }, 'failed closed: no wait')
+  t.ok(performance.now() - startedAt < 1000, 'answered at once (the call\'s 200 ms deadline at most)')
+  const queued = limiter.acquire('client', { ...local, maxWaitMs: 5000 })
+  await sleep(50)
+  await again.release()
+  t.match((await queued).decision, { allowed: true, source: 'local' }, 'the local semaphore is waited for too, and woken by its release')
   await held.release()
   t.pass('a release the store cannot take does not reject: the slot ends with its lease')
 })

@@ -86,6 +86,27 @@ t.test('Waiters: released in the order of their due times, whatever order their 
   t.equal(pool.size, 0)
 })
 
+t.test('Waiters: a wait woken before it is due ends at once with what was left; a wake-up after its end does nothing', async (t) => {
+  const time = fakeTime()
+  const pool = new Waiters(2, { now: time.now, ...time.timers })
+  t.ok(pool.take())
+  let wake = (): void => {}
+  const woken = pool.wait(300, (fn) => { wake = fn })
+  time.advance(100)
+  wake()
+  t.equal(await woken, 200, 'woken: resolved with the ms it had left')
+  t.same(time.pending, [], 'its timer cleared')
+  t.equal(pool.size, 0, 'its place given back')
+  t.notOk(pool.closed, 'woken, not closed')
+  t.ok(pool.take())
+  const ended = pool.wait(300, (fn) => { wake = fn })
+  pool.close()
+  t.equal(await ended, 300)
+  wake()
+  t.equal(pool.size, 0, 'a wake-up after close() ended the wait gives back no second place')
+  t.ok(pool.closed)
+})
+
 const rate = 50
 /** One token per 20 ms, a burst of 2. */
 const paced: Policy = { bucket: 'partner-api', capacity: 2, refillPerSecond: rate, failureMode: 'open', maxWaitMs: 200 }

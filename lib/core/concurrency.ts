@@ -14,6 +14,10 @@
 // back a third of the shortest held lease later, so a renewal may be late
 // by two thirds of a lease (a loaded loop, a slow Redis) and still land.
 //
+// Waiting. A concurrency policy with `maxWaitMs` that is denied tries again
+// until a slot is free or its wait is over (lib/core/slot-wait.ts): woken
+// when this process gives back a slot of its key, else polling.
+//
 // A call whose reply missed its deadline may still run in Redis and take a
 // slot for a request that was answered by its failure mode: its slots are
 // given back at once (a release of its id, safe to send for slots that were
@@ -25,6 +29,7 @@ import { failOver, shadowed, summarize, timeoutOf } from './decisions.js'
 import { decisionChannel, type EngineParts } from './engine.js'
 import { mapNonEmpty, type NonEmpty } from './lists.js'
 import { SlotTable } from './slot-table.js'
+import { SlotWaits } from './slot-wait.js'
 import { script } from '../store/script.js'
 import { bucketState, type BucketSpec, type StoreReply } from '../store/store.js'
 import type { TimerHandle } from './clock.js'
@@ -85,6 +90,7 @@ export class Slots {
   readonly #specsOf: SpecsOf
   readonly #tables: Readonly<Record<Exclude<Place, 'remote'>, SlotTable>>
   readonly #held = new Map<string, HeldKey>()
+  readonly #waits: SlotWaits
   #timer: TimerHandle | undefined
   #tickAt = Infinity
 
@@ -93,34 +99,43 @@ export class Slots {
     this.#specsOf = specsOf
     const clock = (): number => parts.time.now()
     this.#tables = { memory: new SlotTable(10_000, clock), local: new SlotTable(10_000, clock) }
+    this.#waits = new SlotWaits(parts.waiters, parts.time)
   }
 
-  /** Takes the list's slots and tokens, all or nothing; the caller releases. */
+  /** Takes the list's slots and tokens, all or nothing, waiting for a slot with `maxWaitMs`; the caller releases. */
   async acquire (clientKey: string, list: NonEmpty<Policy>, costs: ReadonlyArray<number | undefined> | undefined): Promise<Acquired> {
-    const { names, remote, defaultTimeout } = this.#parts
+    const { names, defaultTimeout } = this.#parts
     const timeoutMs = timeoutOf(list, defaultTimeout)
     if (!names.known) await names.load(timeoutMs)
     const specs = mapNonEmpty(this.#specsOf(clientKey, list, costs), (spec, i) => list[i]?.concurrency === undefined ? spec : { ...spec, key: slotsKey(spec.key) })
-    const entries = entriesOf(list, specs)
-    const id = randomUUID()
-    let acquired: Acquired
-    if (remote === undefined) {
-      acquired = this.#here(entries, id, 'memory', 'store')
-    } else {
-      try {
-        const reply = await remote.guard.run(() => remote.store.run(ACQUIRE, specs.map((s) => s.key), argsOf(entries, id)), timeoutMs, specs)
-        acquired = this.#taken(readReply(entries, reply), id, 'remote', 'store')
-      } catch {
-        this.#giveBack(entries, id)
-        acquired = failOver(remote.guard, list, specs, (local, localSpecs) => this.#here(entriesOf(local, localSpecs), id, 'local', 'local'), (decision) => ({ decision, release: NOTHING }))
-      }
-    }
+    const attempt = (): Promise<Acquired> => this.#attempt(list, specs, timeoutMs)
+    let acquired = await attempt()
+    // A wait is a single policy's (a list refuses `maxWaitMs`: lib/core/policy-fields.ts).
+    const [only] = list
+    if (only.maxWaitMs !== undefined && hasSlots(only)) acquired = await this.#waits.until(specs[0].key, only.maxWaitMs, acquired, attempt)
     this.#published(clientKey, acquired.decision)
     return acquired
   }
 
+  /** One try at the list's slots and tokens, under a fresh id. */
+  async #attempt (list: NonEmpty<Policy>, specs: NonEmpty<BucketSpec>, timeoutMs: number): Promise<Acquired> {
+    const remote = this.#parts.remote
+    const entries = entriesOf(list, specs)
+    const id = randomUUID()
+    if (remote === undefined) return this.#here(entries, id, 'memory', 'store')
+    try {
+      const reply = await remote.guard.run(() => remote.store.run(ACQUIRE, specs.map((s) => s.key), argsOf(entries, id)), timeoutMs, specs)
+      return this.#taken(readReply(entries, reply), id, 'remote', 'store')
+    } catch {
+      this.#giveBack(entries, id)
+      return failOver(remote.guard, list, specs, (local, localSpecs) => this.#here(entriesOf(local, localSpecs), id, 'local', 'local'), (decision) => ({ decision, release: NOTHING }))
+    }
+  }
+
   /** Gives back every held slot (the limiter closes) and stops renewing. */
   async close (): Promise<void> {
+    // First: a wait that woke now would take a slot after the last was given back.
+    this.#parts.waiters.close()
     this.#parts.time.clear(this.#timer)
     this.#timer = undefined
     this.#tickAt = Infinity
@@ -188,7 +203,7 @@ export class Slots {
       const held = this.#held.get(key)
       held?.ids.delete(id)
       if (held?.ids.size === 0) this.#held.delete(key)
-      return this.#drop(key, place, [id])
+      return this.#drop(key, place, [id]).then(() => { this.#waits.freed(key) })
     }))
   }
 
@@ -281,6 +296,7 @@ function entryDecision (entry: Decided, source: DecisionSource): Decision {
   const ok = fits(entry)
   const own = 'ok' in outcome
     // A denial's retry is a second: a slot frees when a request ends, which no one can foretell.
+    // The earliest lease end is no bound: a live request renews its slot before it (docs/guides/concurrency.md).
     ? { allowed: ok, limit: policy.capacity, remaining: Math.max(0, policy.capacity - outcome.taken), resetMs: 0, retryAfterMs: ok ? 0 : 1000, source, bucket: policy.bucket }
     : summarize([policy], outcome.rate, source)
   return policy.shadow === true ? shadowed(own) : own

@@ -15,9 +15,10 @@
 // leased bucket is spent from this server's batch, which a settlement
 // cannot reach. A shadow policy never holds a request, so it cannot wait.
 // A concurrency policy (lib/core/concurrency.ts) holds slots, not tokens:
-// it has no sizes, cost, lease, lockout or wait of its own (`concurrency`
-// refuses them), a reservation cannot settle a slot, and a consume or peek
-// has no release to give one back (`acquire` takes slots).
+// it has no sizes, cost, lease or lockout of its own (`concurrency` refuses
+// them; its `maxWaitMs` is a wait for a slot), a reservation cannot settle
+// a slot, and a consume or peek has no release to give one back (`acquire`
+// takes slots).
 
 import { optionError } from './errors.js'
 import { concurrencyLimit, localLimit } from './concurrency-policy.js'
@@ -57,7 +58,7 @@ function field<T> (parse: Parse<T>, rest: Omit<Field<T>, 'parse'> = {}): Field<T
 export const LEASE_IN_LIST = 'unset in an array of policies (leases serve single-policy routes)'
 const SINGLE_POLICY = 'unset in an array of policies (it serves single-policy checks)'
 const UNSETTLED = 'unset to reserve and settle (a settlement charges a plain bucket)'
-const SLOTS_ONLY = 'unset with `concurrency` (a concurrency policy limits concurrency only: list a rate policy beside it)'
+export const SLOTS_ONLY = 'unset with `concurrency` (a concurrency policy limits concurrency only: list a rate policy beside it)'
 
 /** The policy's fields, in the order their errors are reported. */
 export const POLICY_FIELDS = {
@@ -80,7 +81,8 @@ export const POLICY_FIELDS = {
   lockout: field(lockout, { path: 'ext', refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY } }),
   maxWaitMs: field(maxWaitMs, {
     path: 'ext',
-    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, concurrency: SLOTS_ONLY, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
+    // With `concurrency`, a wait for a slot (lib/core/slot-wait.ts).
+    refused: { list: SINGLE_POLICY, reserve: UNSETTLED, settle: UNSETTLED, shadow: 'unset with `shadow: true` (a shadow policy never holds a request)' }
   }),
   concurrency: field(concurrencyLimit, {
     refused: {
@@ -151,6 +153,16 @@ function checkLocal (fields: Partial<Policy>, slots: boolean, where: string): vo
   const local = fields.local
   if (local === undefined || (local.max !== undefined) === slots) return
   throw optionError(where + 'local', local, slots ? 'an object { max } with `concurrency`' : 'an object { capacity, refillPerSecond }')
+}
+
+/**
+ * `failureMode: 'local'` needs its `local`, as the policy's kind needs it:
+ * `{ max }` (an in-process semaphore) with `concurrency`, else a bucket.
+ */
+export function checkLocalSet (fields: Readonly<Pick<Partial<Policy>, 'failureMode' | 'local' | 'concurrency'>>, where: string): void {
+  if (fields.failureMode !== 'local' || fields.local !== undefined) return
+  const wanted = fields.concurrency === undefined ? 'an object { capacity, refillPerSecond }' : 'an object { max } (an in-process semaphore of that size)'
+  throw optionError(where + 'local', undefined, `${wanted} with failureMode 'local'`)
 }
 
 /**

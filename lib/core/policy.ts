@@ -7,7 +7,7 @@ import {
   MAX_WINDOW_US, batch, breaker, parseFields, deadlineMs, denialCache, isRecord, keyPrefix, keySecret, metricsOption, outageSummaryMs, positiveInteger,
   redisClient, storableBucket
 } from './options.js'
-import { CORE_POLICY_CHECKS, checkCombination, checkCost, checkRequired } from './policy-fields.js'
+import { CORE_POLICY_CHECKS, checkCombination, checkCost, checkLocalSet, checkRequired } from './policy-fields.js'
 import type { Logger, Policy } from './types.js'
 
 /** Checks the limiter's own options (`createLimiter()`, the adapters' store options). */
@@ -55,9 +55,7 @@ export function parsePolicy (input: unknown, where = 'policy.', adapter: Adapter
   const { capacity, refillPerSecond, cost, shadow } = policy
   storableBucket(capacity, refillPerSecond, where)
   if (cost !== undefined) checkCost(cost, policy, (bound) => optionError(where + 'cost', cost, `at most ${bound}`))
-  if (policy.failureMode === 'local' && policy.local === undefined) {
-    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
-  }
+  checkLocalSet(policy, where)
   const batch = policy.lease?.tokens
   if (batch !== undefined && batch > capacity) throw optionError(where + 'lease.tokens', batch, `at most capacity (${capacity})`)
   const wait = policy.maxWaitMs

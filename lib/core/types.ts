@@ -40,7 +40,7 @@ export interface Decision {
   shadow?: true
   /** Denied by a lockout: the client is blocked; `retryAfterMs` is the rest of the block. */
   locked?: true
-  /** Milliseconds this call waited for reserved tokens (policies with `maxWaitMs`). */
+  /** Milliseconds this call waited for reserved tokens, or for a slot (policies with `maxWaitMs`). */
   waitedMs?: number
 }
 
@@ -98,7 +98,8 @@ export interface Policy {
   lockout?: Lockout | undefined
   /**
    * A consume may wait up to this many ms for its tokens, reserved at
-   * once in the store, instead of being denied. Single-policy checks only.
+   * once in the store, instead of being denied; with `concurrency`, an
+   * acquisition may wait as long for a slot. Single-policy checks only.
    */
   maxWaitMs?: number | undefined
   /**

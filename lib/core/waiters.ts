@@ -26,6 +26,10 @@
 // close() ends every wait at once: the caller is told it was denied (its
 // reserved tokens stay spent: the store cannot take a reservation back
 // without letting others overtake), and no new wait starts.
+//
+// A wait for a concurrency slot (lib/core/concurrency.ts) is not for a known
+// delay but until a slot is likely free: it may be woken before it is due,
+// when this process gives back a slot of the key it waits for.
 
 import type { Time, TimerHandle } from './clock.js'
 
@@ -65,12 +69,18 @@ export class Waiters {
     this.#taken--
   }
 
+  /** Whether close() was called: a wait that resolves early was ended by it, unless woken. */
+  get closed (): boolean {
+    return this.#closed
+  }
+
   /**
    * Holds the caller of a taken slot for `delayMs` on the monotonic clock,
    * then frees the slot. Resolves with 0, or with the ms that were left
-   * when close() ended the wait.
+   * when close() ended the wait, or when it was woken: `woken`, if given, is
+   * handed (at once) the function that ends this wait now.
    */
-  wait (delayMs: number): Promise<number> {
+  wait (delayMs: number, woken?: (wake: () => void) => void): Promise<number> {
     if (this.#closed) {
       this.#taken--
       return Promise.resolve(delayMs)
@@ -79,17 +89,21 @@ export class Waiters {
       const waiter: Waiter = { until: this.#time.now() + delayMs, handle: undefined, resolve }
       this.#waiting.add(waiter)
       this.#arm(waiter)
+      woken?.(() => { this.#end(waiter) })
     })
   }
 
   /** Ends every wait (each resolves with the ms it had left) and refuses new ones. */
   close (): void {
     this.#closed = true
-    const now = this.#time.now()
-    for (const waiter of this.#waiting) {
-      this.#time.clear(waiter.handle)
-      this.#done(waiter, Math.max(0, waiter.until - now))
-    }
+    for (const waiter of this.#waiting) this.#end(waiter)
+  }
+
+  /** Ends a wait before it is due (a wait that ended already stays ended). */
+  #end (waiter: Waiter): void {
+    if (!this.#waiting.has(waiter)) return
+    this.#time.clear(waiter.handle)
+    this.#done(waiter, Math.max(0, waiter.until - this.#time.now()))
   }
 
   #arm (waiter: Waiter): void {

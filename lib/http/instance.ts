@@ -2,6 +2,10 @@
 // adapters' default logger, their gate on the start-up wait, the error a
 // denied request carries to the app's `handler`, and the programmatic API
 // over the instance's options (`limit.consume`, Fastify's `app.tollgate`).
+// Its `acquire` takes policies merged over the instance's options, already
+// parsed there, so it goes to the core's acquisition, as a route does
+// (lib/http/request.ts), not through `limiter.acquire`, which parses what
+// the app wrote.
 //
 // Start-up. `rateLimit()` cannot be awaited, so the wait the Fastify
 // plugin does at registration (for the client to be ready and the scripts
@@ -12,7 +16,9 @@ import type { Core } from '../core/limiter.js'
 import type { Adapter } from '../core/migrating.js'
 import { programmaticPolicies, type Defaults, type NamedPolicy } from './route.js'
 import { denialBody, denialType, type Denial } from './request.js'
-import type { Decision, Limiter, Logger, Reservation } from '../core/types.js'
+import { optionError } from '../core/errors.js'
+import { checkPolicies } from '../core/policy.js'
+import type { Acquired, Decision, Limiter, Logger, Reservation } from '../core/types.js'
 
 /**
  * The default logger: one line per call, as a pino logger writes one JSON
@@ -90,6 +96,12 @@ export interface ProgrammaticApi<P extends NamedPolicy> {
   /** Settles a reservation once: refunds or charges the difference to the reserved cost. */
   settle (reservation: Reservation, actual: number): Promise<void>
   reset (clientKey: string, bucket: string): Promise<void>
+  /**
+   * Takes a concurrency slot (SPEC 13), with a list's tokens, all or
+   * nothing, over the instance's options; `release()` gives it back and is
+   * safe to call twice. The instance's shutdown gives back what is held.
+   */
+  acquire (clientKey: string, policy: P | readonly P[]): Promise<Acquired>
   /** The core limiter behind the instance. */
   readonly limiter: Limiter
 }
@@ -112,6 +124,21 @@ export function programmatic<P extends NamedPolicy> (core: Core, defaults: Defau
     reserve: async (clientKey, policy, spend) => await limiter.reserve(clientKey, policyOf(policy), spend),
     settle: async (reservation, actual) => { await limiter.settle(reservation, actual) },
     reset: async (clientKey, bucket) => { await limiter.reset(clientKey, bucket) },
+    async acquire (clientKey, policy) {
+      const list = listOf(policy).map(policyOf)
+      checkPolicies(list)
+      if (typeof clientKey !== 'string') throw optionError('clientKey', clientKey, 'a string')
+      return await core.acquire(clientKey, list, undefined)
+    },
     limiter
   }
+}
+
+function listOf<P> (policy: P | readonly P[]): readonly P[] {
+  return isList(policy) ? policy : [policy]
+}
+
+/** Array.isArray, which does not narrow a union with a readonly array. */
+function isList<P> (policy: P | readonly P[]): policy is readonly P[] {
+  return Array.isArray(policy)
 }

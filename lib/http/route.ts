@@ -13,7 +13,7 @@
 import { describe, optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
 import { CORE_POLICY_CHECKS, checkCost, checkPolicies, parsePolicy } from '../core/policy.js'
-import { checkCombination, policyFields } from '../core/policy-fields.js'
+import { SLOTS_ONLY, checkCombination, checkLocalSet, policyFields } from '../core/policy-fields.js'
 import { cost, isBoolean, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
@@ -226,20 +226,20 @@ export function routeWide<K extends keyof RouteFields> (entries: readonly RouteF
 /** A merged route or programmatic policy as the core's Policy; names the missing field (`adapter`: whose names a foreign one is read as). */
 export function toPolicy (merged: RouteFields, bucket: string, where: string, hint = BASE_DIALECT.hint, adapter: Adapter = BASE_DIALECT.adapter): Policy {
   // The core's fields only: a route's own settings, and a cost that is a function of the request, are not the core's.
+  // A slot has no cost: a cost function there would be silently ignored.
+  if (merged.concurrency !== undefined && typeof merged.cost === 'function') throw optionError(where + 'cost', merged.cost, SLOTS_ONLY)
   const core = { ...policyFields(merged), bucket, cost: typeof merged.cost === 'number' ? merged.cost : undefined }
   return parsePolicy(core, where, adapter, `a finite number > 0 (${hint})`)
 }
 
 /** Checks the adapter-level defaults that are checkable before any route merges over them. */
 export function checkDefaults (defaults: Defaults, where: string): void {
-  const { capacity, cost, lease, shadow, failureMode, local } = defaults
+  const { capacity, cost, lease, shadow } = defaults
   if (typeof cost === 'number' && capacity !== undefined && shadow !== true) checkCost(cost, { capacity }, (bound) => optionError(where + 'cost', cost, `at most ${bound}`))
   if (lease !== undefined && capacity !== undefined && lease.tokens > capacity) {
     throw optionError(where + 'lease.tokens', lease.tokens, `at most capacity (${capacity})`)
   }
-  if (failureMode === 'local' && local === undefined) {
-    throw optionError(where + 'local', undefined, "an object { capacity, refillPerSecond } with failureMode 'local'")
-  }
+  checkLocalSet(defaults, where)
 }
 
 /** `GET /users/:id`: the route pattern, never the raw URL; HEAD spends from GET's bucket. */

@@ -13,19 +13,21 @@
 
 import { once } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { createServer, type Server } from 'node:http'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdaptorServer } from '@hono/node-server'
 import express5, { type Request, type RequestHandler } from 'express'
 import express4 from 'express4'
 import Fastify, { LogController, type FastifyError, type FastifyReply, type FastifyRequest } from 'fastify'
 import { Hono, type Context } from 'hono'
+import { HTTPException } from 'hono/http-exception'
+import { timeout } from 'hono/timeout'
 import type { Test } from 'tap'
 import tollgate, { type RouteRateLimit, type TollgateOptions } from '../../lib/index.js'
 import { rateLimit, type ExpressOptions, type ExpressPolicy } from '../../lib/express.js'
 import { rateLimit as honoRateLimit, type HonoOptions, type HonoPolicy, type RateLimitEnv } from '../../lib/hono.js'
 import { TollgateModule, TollgateService, type NestOptions, type NestPolicy } from '../../lib/nest.js'
-import type { Decision, Limiter, Logger } from '../../lib/core/types.js'
+import type { Acquired, Decision, Limiter, Logger } from '../../lib/core/types.js'
 import { captureLogs } from './app.js'
 import { httpGet, type Answer } from './express.js'
 import { controller, nestApp, rateLimitFilter, type Platform, type TestRequest } from './nest.js'
@@ -34,11 +36,11 @@ import { controller, nestApp, rateLimitFilter, type Platform, type TestRequest }
 export type SharedOptions = Omit<Partial<TollgateOptions & ExpressOptions>, 'logger' | 'handler' | 'key' | 'cost' | 'allow' | 'limit' | 'settle'>
 
 /**
- * A route's limit, in the fields every adapter takes alike; a `key` that
- * ignores the request and a numeric `cost` are among them (functions of
- * the request are not: each framework hands its own request type).
+ * A route's limit, in the fields every adapter takes alike; a `key` and a
+ * `cost` that ignore the request are among them (functions that read the
+ * request are not: each framework hands its own request type).
  */
-export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'> & { key?: () => string, cost?: number }
+export type SharedPolicy = Omit<ExpressPolicy, 'key' | 'cost' | 'allow' | 'limit' | 'settle' | 'handler'> & { key?: () => string, cost?: number | (() => number) }
 
 export interface RouteSpec {
   path: string
@@ -55,16 +57,23 @@ export interface RouteSpec {
   handlerMs?: number
   /** The handler fails (after `handlerMs`) with an error: the framework's 500. */
   fails?: boolean
+  /**
+   * A timeout of the app's, declared before the limit: the framework's own
+   * 503 sent this many ms after the request arrives, whatever the handler
+   * does; the handler, when it ends, finds the answer sent and sends none.
+   */
+  timeoutMs?: number
 }
 
-/** A programmatic policy: named bucket, numeric cost. */
-export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number }
+/** A programmatic policy: named bucket, numeric cost; a concurrency policy for `acquire`. */
+export interface NamedPolicy { bucket: string, capacity?: number, refillPerSecond?: number, cost?: number, concurrency?: { max: number, leaseMs?: number }, maxWaitMs?: number }
 
 /** What every adapter's programmatic API offers alike. */
 export interface ProgrammaticApi {
   consume (clientKey: string, policy: NamedPolicy, cost?: number): Promise<Decision>
   peek (clientKey: string, policy: NamedPolicy): Promise<Decision>
   reset (clientKey: string, bucket: string): Promise<void>
+  acquire (clientKey: string, policy: NamedPolicy | readonly NamedPolicy[]): Promise<Acquired>
   readonly limiter: Limiter
 }
 
@@ -152,8 +161,44 @@ function later (route: RouteSpec, answered: RequestHandler): RequestHandler {
   const answer: RequestHandler = route.fails === true ? (_req, _res, next) => { next(new Error(HANDLER_FAILED)) } : answered
   const ms = route.handlerMs
   if (ms === undefined) return answer
-  return (req, res, next) => { setTimeout(() => { answer(req, res, next) }, ms) }
+  return (req, res, next) => { setTimeout(() => { if (!res.headersSent) answer(req, res, next) }, ms) }
 }
+
+/** The Express middlewares of a route's `timeoutMs`: one that answers 503 when it is over, before the limit; none without it. */
+function expressTimeout (route: RouteSpec): RequestHandler[] {
+  const ms = route.timeoutMs
+  if (ms === undefined) return []
+  return [(_req, res, next) => {
+    const timer = setTimeout(() => { if (!res.headersSent) res.status(503).send(TIMED_OUT) }, ms)
+    res.once('close', () => { clearTimeout(timer) })
+    next()
+  }]
+}
+
+/** The Node requests a route's timeout answered (nodeTimeout). */
+const TIMED_OUT_REQUESTS = new WeakSet<object>()
+
+/** A Nest handler's request as Node's: Fastify's request holds it as `raw`, Express's is it. */
+function nodeRequest (req: TestRequest): object {
+  return 'raw' in req && typeof req.raw === 'object' && req.raw !== null ? req.raw : req
+}
+
+/** A Node-level middleware (either Nest platform's `app.use`) of a route's `timeoutMs`: the 503 when it is over. */
+function nodeTimeout (path: string, ms: number) {
+  return (req: IncomingMessage, res: ServerResponse, next: () => void): void => {
+    if (req.url?.split('?')[0] !== path) return next()
+    const timer = setTimeout(() => {
+      if (res.headersSent) return
+      TIMED_OUT_REQUESTS.add(req)
+      res.writeHead(503).end(TIMED_OUT)
+    }, ms)
+    res.once('close', () => { clearTimeout(timer) })
+    next()
+  }
+}
+
+/** The body of a route's timeout. */
+const TIMED_OUT = 'timed out'
 
 /** The body every row's handlers answer with. */
 function sourceBody (decision: { source: string } | undefined): string {
@@ -229,7 +274,7 @@ function expressRow (major: '5' | '4', express: typeof express5 | typeof express
         const app = express()
         const answer: RequestHandler = (req, res) => { handled.push(req.path); res.type(JSON_TYPE).send(sourceBody(req.rateLimit)) }
         const key = (header: string) => (req: Request) => req.get(header) ?? 'anonymous'
-        for (const route of spec.routes) app.get(route.path, limit(keyed(route, key) as ExpressPolicy), later(route, answer))
+        for (const route of spec.routes) app.get(route.path, ...expressTimeout(route), limit(keyed(route, key) as ExpressPolicy), later(route, answer))
         return createServer(app)
       })
   }
@@ -251,6 +296,8 @@ const honoRow: AdapterRow = {
       const app = new Hono<RateLimitEnv>()
       const key = (header: string) => (c: Context) => c.req.header(header) ?? 'anonymous'
       for (const route of spec.routes) {
+        // Hono's own timeout middleware: a 503 once it is over, the handler left running.
+        if (route.timeoutMs !== undefined) app.use(route.path, timeout(route.timeoutMs, () => new HTTPException(503, { message: TIMED_OUT })))
         app.get(route.path, limit(keyed(route, key) as HonoPolicy), async (c) => {
           if (route.handlerMs !== undefined) await sleep(route.handlerMs)
           if (route.fails === true) throw new Error(HANDLER_FAILED)
@@ -260,6 +307,15 @@ const honoRow: AdapterRow = {
       }
       return createAdaptorServer({ fetch: app.fetch }) as Server
     })
+}
+
+/** A Fastify route's `timeoutMs`: an onRequest hook whose timer sends the 503 when it is over. */
+function fastifyTimeout (ms: number) {
+  return (_request: FastifyRequest, reply: FastifyReply, done: () => void): void => {
+    const timer = setTimeout(() => { if (!reply.sent) void reply.code(503).send(TIMED_OUT) }, ms)
+    reply.raw.once('close', () => { clearTimeout(timer) })
+    done()
+  }
 }
 
 const PINO_LEVELS: Record<number, LogLine['level']> = { 30: 'info', 40: 'warn', 50: 'error' }
@@ -286,8 +342,9 @@ const fastifyRow: AdapterRow = {
     const handled: string[] = []
     const key = (header: string) => (request: FastifyRequest) => String(request.headers[header] ?? 'anonymous')
     for (const route of spec.routes) {
-      app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit } }, async (request, reply) => {
+      app.get(route.path, { config: { rateLimit: keyed(route, key) as RouteRateLimit }, ...(route.timeoutMs === undefined ? {} : { onRequest: fastifyTimeout(route.timeoutMs) }) }, async (request, reply) => {
         if (route.handlerMs !== undefined) await sleep(route.handlerMs)
+        if (reply.sent) return
         if (route.fails === true) throw new Error(HANDLER_FAILED)
         handled.push(request.url.split('?')[0] as string)
         return await reply.type(JSON_TYPE).send(sourceBody(request.rateLimit))
@@ -326,12 +383,16 @@ function nestRow (platform: Platform): AdapterRow {
         answer: async (req: TestRequest) => {
           if (route.handlerMs !== undefined) await sleep(route.handlerMs)
           if (route.fails === true) throw new Error(HANDLER_FAILED)
+          // The route's timeout has answered (nodeTimeout): the handler gives nothing more.
+          if (TIMED_OUT_REQUESTS.has(nodeRequest(req))) return undefined
           handled.push(req.url.split('?')[0] as string)
           return sourceBody(req.rateLimit)
         }
       }))
       const options: NestOptions = { ...spec.options as NestOptions, ...(logger === undefined ? {} : { logger }), global: false }
       const app = await nestApp(platform, TollgateModule.forRoot(options), [controller('', routes)], spec.ownAnswers === true ? [ownAnswers] : [])
+      // A route's timeout is a global middleware, before Nest's guards, on the Node request and response of either platform.
+      for (const route of spec.routes) if (route.timeoutMs !== undefined) app.use(nodeTimeout(route.path, route.timeoutMs))
       let closed: Promise<void> | undefined
       const close = async (): Promise<void> => { closed ??= app.close(); await closed }
       t.teardown(close)

@@ -105,6 +105,8 @@ export async function invalidUsage (app: FastifyInstance): Promise<void> {
   await app.tollgate.consume('user:1', { bucket: 'login' }, '2')
   // @ts-expect-error the client key is a string
   await app.tollgate.peek(42, { bucket: 'login' })
+  // @ts-expect-error acquire takes no cost argument
+  await app.tollgate.acquire('user:1', { bucket: 'exports', concurrency: { max: 2 } }, 2)
   // @ts-expect-error a programmatic cost is a number (the runtime refuses a function)
   await app.tollgate.consume('user:1', { bucket: 'login', cost: () => 2 })
   // @ts-expect-error key is a route setting: the client key is the first argument

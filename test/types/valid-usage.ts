@@ -16,6 +16,7 @@ import { RateLimitError, rateLimit, type ExpressPolicy, type RateLimit } from '.
 import tollgate, {
   createLimiter,
   routePolicy,
+  type Acquired,
   type BreakerMessage,
   type Decision,
   type DecisionMessage,
@@ -162,6 +163,9 @@ export async function validUsage (): Promise<void> {
   await limiter.settle(reservation, 0)
   const failedSettlements: number = limiter.failedSettlements
   await app.tollgate.settle(await app.tollgate.reserve('user:1', { bucket: 'llm' }, 4), 8)
+  const slot: Acquired = await app.tollgate.acquire('user:1', { bucket: 'exports', concurrency: { max: 2 }, maxWaitMs: 1000 })
+  await slot.release()
+  await (await app.tollgate.acquire('user:1', [{ bucket: 'llm' }, { bucket: 'llm-slots', concurrency: { max: 4 } }])).release()
   app.get('/planned', {
     config: {
       rateLimit: routePolicy({

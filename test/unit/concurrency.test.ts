@@ -10,7 +10,7 @@ import t from 'tap'
 import { createCore } from '../../lib/core/limiter.js'
 import { SlotTable } from '../../lib/core/slot-table.js'
 import { PolicyHeaders, headerPairs } from '../../lib/http/headers.js'
-import type { ConcurrencyPolicy, Policy } from '../../lib/core/types.js'
+import type { Acquired, ConcurrencyPolicy, Policy } from '../../lib/core/types.js'
 import { FakeTime } from './helpers/fake-time.js'
 
 function limiterAt () {
@@ -120,17 +120,76 @@ t.test('bad values are refused, naming the option', async (t) => {
   await bad({ ...exports, capacity: 5 }, /`policy\.capacity` must be unset with `concurrency`/, 'a rate field')
   await bad({ ...exports, refillPerSecond: 5 }, /`policy\.refillPerSecond` must be unset with `concurrency`/, 'a rate field')
   await bad({ ...exports, cost: 1 }, /`policy\.cost` must be unset with `concurrency`/, 'a cost')
-  await bad({ ...exports, maxWaitMs: 10 }, /`policy\.maxWaitMs` must be unset with `concurrency`/, 'a wait')
+  await bad([{ ...exports, maxWaitMs: 10 }, { ...exports, bucket: 'y' }], /`policy\[0\]\.maxWaitMs` must be unset in an array of policies/, 'a wait in a list')
+  await bad({ ...exports, maxWaitMs: 0 }, /`policy\.maxWaitMs` must be/, 'a wait of 0')
+  await bad({ ...exports, maxWaitMs: 10, shadow: true }, /`policy\.maxWaitMs` must be unset with `shadow: true`/, 'a wait on a shadow policy')
   await bad({ ...exports, lockout: { after: 1, withinMs: 1, forMs: 1 } }, /`policy\.lockout` must be unset with `concurrency`/, 'a lockout')
   await bad({ ...exports, lease: { tokens: 1, maxAgeMs: 1 } }, /`policy\.lease` must be unset with `concurrency`/, 'a lease')
   await bad({ ...exports, failureMode: 'local', local: { capacity: 1, refillPerSecond: 1 } }, /`policy\.local` must be an object \{ max \} with `concurrency`/, 'a rate local')
   await bad({ bucket: 'r', capacity: 1, refillPerSecond: 1, failureMode: 'local', local: { max: 1 } }, /`policy\.local` must be an object \{ capacity, refillPerSecond \}/, 'a slot local on a rate')
   await bad({ ...exports, failureMode: 'local', local: { max: 0 } }, /`policy\.local\.max`/, 'a bad local max')
+  await bad({ ...exports, failureMode: 'local' }, /`policy\.local` must be an object \{ max \} \(an in-process semaphore of that size\) with failureMode 'local', got undefined/, 'local without local: a semaphore is asked for')
   await bad('exports', /`policy` must be a policy object/, 'not an object')
   await bad([], /`policy` must be a policy or a non-empty array of policies/, 'an empty list')
   await t.rejects(limiter.acquire(JSON.parse('1'), exports), /`clientKey` must be a string/)
   await t.rejects(limiter.consume('c', JSON.parse(JSON.stringify(exports))), /`policy\.concurrency` must be unset to consume or peek/)
   await t.rejects(limiter.reserve('c', JSON.parse(JSON.stringify(exports))), /`policy\.concurrency` must be unset to reserve/)
+})
+
+t.test('maxWaitMs: a waiter takes the slot this process gives back, at once; past its wait it is denied', async (t) => {
+  const { time, limiter } = limiterAt()
+  const waiting: ConcurrencyPolicy = { ...exports, maxWaitMs: 1000 }
+  const a = await limiter.acquire('c', exports)
+  const b = await limiter.acquire('c', exports)
+  let got: Acquired | undefined
+  const first = limiter.acquire('c', waiting).then((x) => { got = x })
+  const second = limiter.acquire('c', waiting)
+  const other = limiter.acquire('other', waiting)
+  await time.advance(0) // the calls are made, and wait
+  await time.advance(100)
+  t.equal(got, undefined, 'both slots held: it waits')
+  t.match((await other).decision, { allowed: true, remaining: 1 }, 'another client waits for nothing')
+  await a.release()
+  await first
+  t.match(got?.decision, { allowed: true, remaining: 0, waitedMs: 100 }, 'one slot given back: the oldest waiter takes it at once, and says how long it waited')
+  await time.advance(1000)
+  t.match((await second).decision, { allowed: false, retryAfterMs: 1000, source: 'store' }, 'the other one: denied once its wait is over')
+  t.equal(time.now(), 1100, 'no earlier than maxWaitMs after it started')
+  await b.release()
+  await got?.release()
+  await limiter.close()
+})
+
+t.test('maxWaitMs: each slot given back wakes one waiter', async (t) => {
+  const { time, limiter } = limiterAt()
+  const one: ConcurrencyPolicy = { ...exports, concurrency: { max: 2, leaseMs: 1000 }, maxWaitMs: 5000 }
+  const held = [await limiter.acquire('c', one), await limiter.acquire('c', one)]
+  const admitted: number[] = []
+  const waits = [0, 1].map(async (i) => { const got = await limiter.acquire('c', one); admitted.push(i); return got })
+  await time.advance(10)
+  await Promise.all(held.map((h) => h.release()))
+  const both = await Promise.all(waits)
+  t.same(admitted, [0, 1], 'two slots given back at once: each wakes its own waiter, in order')
+  t.equal(time.now(), 10, 'at once, not at a poll')
+  for (const h of both) await h.release()
+  await limiter.close()
+})
+
+t.test('maxWaitMs: close() ends a wait at once, denied; a full pool refuses without waiting', async (t) => {
+  const time = new FakeTime()
+  const { limiter } = createCore({ maxWaiters: 1 }, { time })
+  const waiting: ConcurrencyPolicy = { ...exports, concurrency: { max: 1 }, maxWaitMs: 10_000 }
+  const held = await limiter.acquire('c', waiting)
+  t.equal(held.decision.waitedMs, undefined, 'a slot free at once: no wait')
+  const pending = limiter.acquire('c', waiting)
+  await time.advance(1)
+  const refused = await limiter.acquire('c', waiting)
+  t.match(refused.decision, { allowed: false }, 'the pool of one is taken: denied at once')
+  t.equal(time.now(), 1)
+  await limiter.close()
+  t.match((await pending).decision, { allowed: false, retryAfterMs: 1000 }, 'close(): the wait ends, denied')
+  t.equal(time.now(), 1, 'at once')
+  t.equal(time.pending, 0, 'no timer left')
 })
 
 t.test('the same policy object is parsed once; close releases and stops the timer', async (t) => {

@@ -42,7 +42,7 @@ type HandlerCheck = ((ctx: NestContext) => boolean | Promise<boolean>) | null
 /** One instance's limit function: `limit(policy)` is the middleware of a handler (lib/http/middleware.ts). */
 type Limit = Programmatic<NestProgrammaticPolicy> & ((config?: unknown) => HandlerCheck)
 
-/** The programmatic API (consume, peek, reserve, settle, reset, limiter) over the module's options. */
+/** The programmatic API (consume, peek, reserve, settle, reset, acquire, limiter) over the module's options. */
 export interface TollgateService extends ProgrammaticApi<NestProgrammaticPolicy> {}
 
 /** The programmatic API and the guard of one app. */
@@ -64,8 +64,8 @@ export class TollgateService implements CanActivate {
     this.#limit = limit as Limit
     this.#global = options.global ?? true
     this.#discovery = discovery
-    const { limiter, consume, peek, reserve, settle, reset } = limit
-    Object.assign(this, { limiter, consume, peek, reserve, settle, reset })
+    const { limiter, consume, peek, reserve, settle, reset, acquire } = limit
+    Object.assign(this, { limiter, consume, peek, reserve, settle, reset, acquire })
   }
 
   /** The guard: a request of an HTTP route, checked by its handler's limit. */
