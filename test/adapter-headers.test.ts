@@ -5,9 +5,10 @@
 // (w = 200): r=1 then r=0, each with t = ceil(1 / 0.01) = 100, then a denial
 // whose wait for one token is just under 100 s (Retry-After and t both 100).
 // Then `partitionKey`: every adapter of one fleet (one Redis, one prefix)
-// sends a client the same `pk`, a 12-byte sf-binary that differs between
-// clients and between fleets (another prefix, another secret), and that
-// carries nothing of the client's key.
+// sends a client the same `pk` on every item (a concurrency policy's too),
+// a 12-byte sf-binary that differs between clients and between fleets
+// (another prefix, another secret), and that carries nothing of the
+// client's key.
 
 import { parseList } from 'structured-headers'
 import t from 'tap'
@@ -51,14 +52,14 @@ function partitionKeys (field: unknown): Array<string | undefined> {
 t.test('partitionKey: one pk per client on every adapter of a fleet, another for another client or fleet', async (t) => {
   const redis = await sharedRedis(t)
   const fleet = uniquePrefix()
-  const route = { path: '/x', keyHeader: 'x-client', policy: [{ capacity: 100, refillPerSecond: 1 }, { capacity: 1000, refillPerSecond: 1, bucket: 'daily' }] }
+  const route = { path: '/x', keyHeader: 'x-client', policy: [{ capacity: 100, refillPerSecond: 1 }, { capacity: 1000, refillPerSecond: 1, bucket: 'daily' }, { bucket: 'slots', concurrency: { max: 5 } }] }
   const seen = new Map<string, Set<string | undefined>>()
   for (const row of [...ADAPTERS, EXPRESS4]) {
     const options = { redis, prefix: fleet, headers: 'draft-11' as const, partitionKey: true, failureMode: 'open' as const, timeout: 1000 }
     const { get } = await row.start(t, { options, routes: [route] })
     for (const client of ['alice', 'bob', '10.0.0.1']) {
       const keys = partitionKeys((await get('/x', { 'x-client': client })).headers.ratelimit)
-      t.equal(keys.length, 2, `${row.name}: an item per policy`)
+      t.equal(keys.length, 3, `${row.name}: an item per policy, the concurrency one too`)
       t.equal(new Set(keys).size, 1, `${row.name}: ${client}'s items carry one pk`)
       const [pk] = keys
       t.equal(Buffer.from(pk ?? '', 'base64').length, 12, `${row.name}: 12 bytes`)
@@ -76,7 +77,7 @@ t.test('partitionKey: one pk per client on every adapter of a fleet, another for
   const [elsewhere] = partitionKeys((await other.get('/x', { 'x-client': 'alice' })).headers.ratelimit)
   t.notOk(seen.get('alice')?.has(elsewhere), 'another fleet (another secret) gives alice another pk')
   const plain = await row.start(t, { options: { redis, prefix: fleet, headers: 'draft-11', failureMode: 'open', timeout: 1000 }, routes: [route] })
-  t.same(partitionKeys((await plain.get('/x', { 'x-client': 'alice' })).headers.ratelimit), [undefined, undefined], 'no pk without the option')
+  t.same(partitionKeys((await plain.get('/x', { 'x-client': 'alice' })).headers.ratelimit), [undefined, undefined, undefined], 'no pk without the option')
 })
 
 t.test('partitionKey: a bad value, or a mode without pk, fails at start-up', async (t) => {

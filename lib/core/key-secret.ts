@@ -100,7 +100,7 @@ export class KeyNames {
 
   /**
    * The partition key of a client, for draft-11's `pk`: 12 bytes of an
-   * HMAC-SHA256 of its client part under the fleet's secret, separated by
+   * HMAC-SHA256 of its id (clientId) under the fleet's secret, separated by
    * a label from the hash tag's input, so every server of the fleet sends a
    * client the same value, and the value tells nothing of the key (an
    * address, an API key), nor of its hash tag and so its Cluster slot.

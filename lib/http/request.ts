@@ -39,7 +39,6 @@ import { checkCost, costBound } from '../core/policy.js'
 import { shownDecision } from './answer.js'
 import type { RequestFn, RouteLimit } from './route.js'
 import { ended, hold, holding, type End } from './holds.js'
-import { hasSlots } from '../core/concurrency.js'
 import { reserveFor } from './settle-route.js'
 import type { Decision } from '../core/types.js'
 
@@ -163,15 +162,17 @@ export class RequestLayer<Req extends object> {
       costs ??= limit.policies.map((p) => p.cost ?? 1)
       costs[i] = value
     }
-    if (limit.policies.some(hasSlots)) {
+    let decision: Decision
+    if (limit.slots) {
       // Concurrency slots (SPEC 13), held until the request ends however it ends (lib/http/holds.ts).
-      const { decision, release } = await this.#core.acquire(client, limit.policies, costs)
-      if (decision.allowed) hold(request, release)
-      return { limit, decision }
+      const acquired = await this.#core.acquire(client, limit.policies, costs)
+      decision = acquired.decision
+      if (decision.allowed) hold(request, acquired.release)
+    } else {
+      decision = limit.settle === undefined
+        ? await this.#core.decide(client, limit.policies, costs, true)
+        : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name, this.#side.badInput)
     }
-    const decision = limit.settle === undefined
-      ? await this.#core.decide(client, limit.policies, costs, true)
-      : await reserveFor(this.#core, request, client, limit.policies, costs, limit.settle, limit.name, this.#side.badInput)
     return limit.partitionKey ? { limit, decision, partition: this.#core.partition(client) } : { limit, decision }
   }
 

@@ -14,6 +14,7 @@ import { describe, optionError } from '../core/errors.js'
 import { PolicyHeaders, headerMode, type HeaderMode } from './headers.js'
 import { CORE_POLICY_CHECKS, checkCost, checkPolicies, parsePolicy } from '../core/policy.js'
 import { SLOTS_ONLY, checkCombination, checkLocalSet, policyFields } from '../core/policy-fields.js'
+import { hasSlots } from '../core/concurrency.js'
 import { cost, isBoolean, isFunction, isRecord, parseFields, planFunction, type AppFunction, type Parsed, type Parsers } from '../core/options.js'
 import type { Adapter } from '../core/migrating.js'
 import { checkSettle, type SettleFunction } from './settle-route.js'
@@ -102,6 +103,8 @@ export interface RouteLimit<Req> {
   problemDetails: boolean
   /** draft-11's RateLimit items carry the client's partition key `pk` (default false). */
   partitionKey: boolean
+  /** A policy of the route limits concurrency: its requests acquire slots (lib/core/concurrency.ts). */
+  slots: boolean
   /** The per-client plans of the route's policies (lib/http/tiers.ts), if any has a `limit`. */
   tiers: Tiers<Req, RouteLimit<Req>> | undefined
   /** Charging by outcome (lib/http/settle-route.ts): the actual cost, from the request and the response. */
@@ -179,6 +182,7 @@ export function compileRoute<Req> (
     policyHeaders: new PolicyHeaders(shown, shown.flatMap((p) => p.local === undefined ? [] : [{ ...p.local, bucket: p.bucket }])),
     problemDetails: routeWide(entries, defaults, 'problemDetails') ?? false,
     partitionKey,
+    slots: policies.some(hasSlots),
     // The adapter's plan sizes its rate policies, never a concurrency policy (mergedOver).
     tiers: compileTiers(entries.map((e) => declared<LimitFunction<Req>>(e.concurrency === undefined ? e.limit ?? defaults.limit : undefined))),
     settle,
