@@ -198,20 +198,39 @@ async function programmaticAcquire (t: Test, row: AdapterRow): Promise<void> {
   await t.rejects(app.api.acquire('x', []), { code: 'TOLLGATE_INVALID_OPTION' }, 'an empty list')
 }
 
+/**
+ * Shutdown with a request holding a slot (its handler runs 300 ms), a
+ * programmatic holder, and a request waiting for a slot (maxWaitMs 5 s):
+ * the waiter is answered 429 at the shutdown, not at the end of its wait,
+ * the request in flight is answered, and every slot is given back.
+ */
 async function shutdown (t: Test, row: AdapterRow, first: string): Promise<void> {
   const redis = await sharedRedis(t)
   const prefix = uniquePrefix()
   const app = await row.start(t, {
     options: { redis, prefix, failureMode: 'closed', timeout: 1000 },
-    routes: [{ path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 } }, handlerMs: 300 }]
+    routes: [
+      { path: '/export', policy: { bucket: 'exports', key: () => 'one', concurrency: { max: 2 } }, handlerMs: 300 },
+      { path: '/single', policy: { bucket: 'single', key: () => 'one', concurrency: { max: 1 }, maxWaitMs: 5000 }, handlerMs: 300 }
+    ]
   })
   const held = await app.api.limiter.acquire('other', { bucket: 'exports', concurrency: { max: 2 }, failureMode: 'closed' })
   t.equal(held.decision.allowed, true)
   const inFlight = app.get('/export')
+  const holder = app.get('/single')
   await sleep(100)
-  t.equal((await redis.keys(`${prefix}:*!slots`)).length, 2, 'two clients hold a slot')
+  let closing = Infinity
+  let waited: number | undefined
+  const waiter = app.get('/single').then((answer) => { waited = performance.now() - closing; return answer })
+  await sleep(100)
+  t.equal((await redis.keys(`${prefix}:*!slots`)).length, 3, 'two clients hold a slot of exports, one of single')
+  closing = performance.now()
   await app.shutdown(first)
-  t.equal((await inFlight).status, 200, 'the request in flight is answered')
+  t.equal((await waiter).status, 429, 'the request waiting for a slot is answered as denied at the shutdown')
+  // The shutdown itself may last longer: a request answered after it began keeps its
+  // keep-alive connection open until the server's keepAliveTimeout, as on any Node server.
+  t.ok(waited !== undefined && waited < 2500, `well before its 5 s wait was over (${Math.round(waited ?? -1)} ms)`)
+  t.same([(await inFlight).status, (await holder).status], [200, 200], 'the requests in flight are answered')
   t.same(await redis.keys(`${prefix}:*!slots`), [], 'the shutdown gave back every slot, the programmatic one too')
   await held.release()
 }
