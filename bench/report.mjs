@@ -134,7 +134,7 @@ export function report (run) {
       'Each column keeps that many requests in flight: one connection each, unpaced.', '')
     for (const f of FRAMEWORKS) {
       if (!ran(levels[0].id, f.bare)) continue
-      const rows = [f.peer, f.exact, f.single, f.bare === 'bare' ? 'round-trip' : undefined].filter((c) => c !== undefined && configs.some((x) => x.id === c))
+      const rows = [f.peer, f.exact, f.single, ...(f.bare === 'bare' ? ['round-trip', 'round-trip-slow'] : [])].filter((c) => c !== undefined && configs.some((x) => x.id === c))
       out.push(`**${f.name}** (bare: ${levels.map((w) => fixed(cpu(w.id, f.bare), 1)).join(' / ')} µs per request)`, '')
       out.push(`| configuration | ${levels.map((w) => `${w.level} in flight`).join(' | ')} |`)
       out.push(`| --- |${' ---: |'.repeat(levels.length)}`)
@@ -179,7 +179,7 @@ export function report (run) {
       }
       const list = cells('W3', c.id)
       const m = (pick) => fixed(median(list.map(pick)), 0)
-      const worst = (pick) => c.id.endsWith('bare') || c.id === 'round-trip' ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
+      const worst = (pick) => c.id.endsWith('bare') || c.id.startsWith('round-trip') ? 'n/a (no limit)' : String(Math.max(...list.map(pick)))
       const flood = list[0].probe === undefined
         ? ` ${NA} | ${NA} | ${NA} | ${NA} |`
         : ` ${m((x) => x.probe.responses)} | ${m((x) => x.probe.allowed)} | ${m((x) => x.probe.bound)} | ${worst((x) => x.probe.over)} |`
@@ -230,6 +230,12 @@ export function report (run) {
     out.push(`- ${w.id}: the floor, one Redis round trip per request and nothing else, adds ${micros(floor)} over bare Fastify ` +
       `(${fixed(floor === undefined || peer === undefined ? undefined : floor / peer, 2)} of @fastify/rate-limit's Redis store); ` +
       `above that floor, @fastify/rate-limit adds ${above(peer)} and tollgate exact ${above(exact)}`)
+    if (!ran(w.id, 'round-trip-slow')) continue
+    const slow = addedOver(w.id, 'round-trip-slow', 'round-trip')
+    const longer = (id) => med(w.id, id, (x) => x.usPerCall)
+    const redisMore = longer('round-trip-slow') === undefined || longer('round-trip') === undefined ? undefined : longer('round-trip-slow') - longer('round-trip')
+    out.push(`- ${w.id}: round-trip-slow, round-trip's app code with its script ${micros(redisMore)} longer in Redis: the app's CPU per request ` +
+      `${slow === undefined ? NA : `${slow >= 0 ? '+' : ''}${slow.toFixed(1)} µs`} against round-trip's (this run's noise, and what waiting longer costs the app: bench/wake.mjs)`)
   }
   // p99 of tollgate exact against another configuration of its framework, per workload both ran (target: no worse).
   const p99Against = (f, other, label) => {

@@ -72,6 +72,7 @@ const CONFIGS = [
   { id: 'frl-local', label: '@fastify/rate-limit, in-process store' },
   { id: 'frl-redis', label: '@fastify/rate-limit, Redis store' },
   { id: 'round-trip', label: 'bare Fastify plus one Redis round trip per request, and nothing else (a hook awaiting EVALSHA of `return 1`): the floor of any limiter that asks Redis on every request' },
+  { id: 'round-trip-slow', label: 'round-trip, its script spinning in Redis for about 4 µs more (1 000 turns of an empty Lua loop): the same app code, so what it adds to the app\'s CPU per request is the machine\'s (the app waits, and so sleeps, longer; bench/wake.mjs)' },
   { id: 'tollgate-exact', label: 'tollgate, exact (a decision sent at once when no call is out; those asked while one is, in one script call)' },
   { id: 'tollgate-single', label: 'tollgate, exact with `batch: false` (a script call per request, as before batching)' },
   { id: 'tollgate-cached', label: 'tollgate, local caches (denial cache; leases on W2 and W3)' },
