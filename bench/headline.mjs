@@ -6,8 +6,8 @@
 // machine); Express 5 bare, express-rate-limit with rate-limit-redis and
 // tollgate/express exact; 3 rounds, configurations alternating. bench/run.mjs with these
 // settings (any BENCH_* variable set still wins; see its header), the app
-// server pinned to one core and the load generator and Redis to the other
-// (bench/pin.mjs), on the Node that runs it: 96 cells of 2 s of warm-up
+// server pinned to one core, the load generator to another and Redis to a
+// third, or on 2 cores with the load generator (bench/pin.mjs), on the Node that runs it: 96 cells of 2 s of warm-up
 // and 3 s measured, each with its app server started afresh; it prints how
 // long it took. Writes bench/RESULTS-headline.md.
 //

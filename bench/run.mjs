@@ -36,7 +36,7 @@ import { Redis } from 'ioredis'
 import tollgate from 'tollgate'
 import { envList, envNumber } from './env.mjs'
 import { load } from './load.mjs'
-import { APP_CPU, LOAD_CPU, describe, pin, pinning } from './pin.mjs'
+import { APP_CPU, LOAD_CPU, describe, pin, pinning, redisCpu } from './pin.mjs'
 import { SCRIPTS, defineScripts, measureScript } from './lua.mjs'
 import { startRedis } from './redis.mjs'
 import { commandStats, statsDelta } from './stats.mjs'
@@ -146,7 +146,7 @@ const WORKLOADS = [
 const children = new Set()
 let redisServer
 let admin
-/** CPU pinning (bench/pin.mjs): app servers on one core, this process (the load generator) and Redis on the other. */
+/** CPU pinning (bench/pin.mjs): app servers on one core, this process (the load generator) on another, Redis on a third or with it. */
 const cpus = pinning()
 
 function killEverythingSync () {
@@ -383,11 +383,12 @@ async function main () {
   const started = Date.now()
   const loadStart = loadavg()[0]
   if (settings.profileDir !== undefined) mkdirSync(settings.profileDir, { recursive: true })
-  // Before Redis starts: it inherits this process's core.
+  // Before Redis starts: it inherits this process's core, then gets its own where there is one.
   pin(cpus, process.pid, LOAD_CPU)
-  const pinned = describe(cpus, 'the app server(s)', 'the load generator (this process) and Redis')
+  const pinned = describe(cpus, 'the app server(s)', 'the load generator (this process)', 'Redis')
   process.stderr.write(`CPUs: ${pinned}; Node ${process.version}\n`)
   redisServer = await startRedis()
+  pin(cpus, redisServer.pid, redisCpu())
   admin = new Redis({ host: redisServer.host, port: redisServer.port })
   const redisVersion = /redis_version:(\S+)/.exec(await admin.info('server'))?.[1] ?? 'unknown'
 
