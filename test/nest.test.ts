@@ -180,13 +180,13 @@ async function badStart (t: Test, platform: Platform): Promise<void> {
   await t.rejects(nestApp(platform, TollgateModule.forRoot({ ...await options(t), ttl: 60000 } as never), routes()), { message: /@nestjs\/throttler.*capacity.*refillPerSecond/ }, "@nestjs/throttler's ttl: what replaces it")
   const bad = await nestApp(platform, TollgateModule.forRoot(await options(t)), routes({ capacity: -1 }))
   t.teardown(() => bad.close())
-  await t.rejects(bad.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /capacity/ }, "a handler's bad policy fails the start-up")
+  await t.rejects(bad.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /`@RateLimit\(\): capacity`/ }, "a handler's bad policy fails the start-up, named as the app wrote it")
   const twice = await nestApp(platform, TollgateModule.forRoot(await options(t)), [controller('', [
     { path: 'a', policy: { bucket: 'shared', capacity: 5 }, answer: source },
     { path: 'b', policy: { bucket: 'shared', capacity: 6 }, answer: source }
   ])])
   t.teardown(() => twice.close())
-  await t.rejects(twice.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /bucket.*shared.*capacity 5.*6/ }, 'one bucket, two policies: the start-up fails')
+  await t.rejects(twice.init(), { code: 'TOLLGATE_INVALID_OPTION', message: /`@RateLimit\(\) of .*: bucket`.*shared.*capacity 5.*6/ }, 'one bucket, two policies: the start-up fails')
   const { capacity: _c, refillPerSecond: _r, ...noPolicy } = await options(t)
   const incomplete = await nestApp(platform, TollgateModule.forRoot(noPolicy), routes({ capacity: 5, refillPerSecond: 1 }))
   t.teardown(() => incomplete.close())

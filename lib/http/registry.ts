@@ -77,9 +77,9 @@ export function honoHandler (value: unknown, name: string): AppFunction {
  * `@RateLimit()`, and its denials go to its exception filters.
  */
 export function middlewareDialect (adapter: keyof typeof PLACEMENT): Dialect {
-  if (adapter === 'nest') return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in TollgateModule.forRoot() or @RateLimit()', adapter, placement: PLACEMENT.nest }
+  if (adapter === 'nest') return { checks: POLICY_CHECKS, wide: ROUTE_WIDE, hint: 'set it in TollgateModule.forRoot() or @RateLimit()', adapter, placement: PLACEMENT.nest, call: '@RateLimit()' }
   const checks = { ...POLICY_CHECKS, handler: adapter === 'hono' ? honoHandler : isFunction }
-  return { checks, wide: [...ROUTE_WIDE, 'handler'], hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter] }
+  return { checks, wide: [...ROUTE_WIDE, 'handler'], hint: 'set it in rateLimit() or limit()', adapter, placement: PLACEMENT[adapter], call: 'limit()' }
 }
 
 /**
@@ -99,7 +99,7 @@ export function registry<Req, Route extends object> (defaults: Defaults, routes:
       const seen = buckets.get(p.bucket)
       if (seen === undefined) buckets.set(p.bucket, { capacity: p.capacity, refillPerSecond: p.refillPerSecond, where: limit.name })
       else if (seen.capacity !== p.capacity || seen.refillPerSecond !== p.refillPerSecond) {
-        throw optionError(`limit() of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
+        throw optionError(`${dialect.call} of ${limit.name}: bucket`, p.bucket, `a bucket name with one policy: ${seen.where} gives it capacity ${seen.capacity} and refillPerSecond ${seen.refillPerSecond}, this one ${p.capacity} and ${p.refillPerSecond} (name another bucket)`)
       }
     }
     claim(limit)
@@ -107,15 +107,15 @@ export function registry<Req, Route extends object> (defaults: Defaults, routes:
   }
   function compile (config: unknown): LimitOf<Req> {
     if (config !== undefined && !isPlainObject(config) && !Array.isArray(config)) {
-      throw optionError('limit()', config, 'a policy, a non-empty array of policies, or nothing (to limit the whole app per client, pass the limiter itself: `app.use(limit)`)')
+      throw optionError(dialect.call, config, 'a policy, a non-empty array of policies, or nothing (to limit the whole app per client, pass the limiter itself: `app.use(limit)`)')
     }
     const named = namedBucket(config, defaults)
     if (named !== undefined) {
-      const limit = register(compileRoute<Req>(named, config, defaults, dialect, 'limit(): ', 'limit()'))
+      const limit = register(compileRoute<Req>(named, config, defaults, dialect, `${dialect.call}: `, dialect.call))
       return () => limit
     }
     // Checked now, under a stand-in name, so that a mistake fails at start-up.
-    compileRoute('limit()', config, defaults, dialect, 'limit(): ', 'limit()')
+    compileRoute(dialect.call, config, defaults, dialect, `${dialect.call}: `, dialect.call)
     return routeLimits(config)
   }
   /**
@@ -140,7 +140,7 @@ export function registry<Req, Route extends object> (defaults: Defaults, routes:
         limit = byName.get(name)
         if (limit === undefined) {
           if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() serves ${MAX_NAMES} routes and methods already: give it a \`bucket\``)
-          limit = register(compileRoute(name, config, defaults, dialect, `limit() of ${name}: `))
+          limit = register(compileRoute(name, config, defaults, dialect, `${dialect.call} of ${name}: `))
           byName.set(name, limit)
         }
         methods.set(method, limit)

@@ -72,6 +72,8 @@ export interface Dialect {
   adapter: Adapter
   /** Where the check runs, and what to change when a function of the app finds the request without what it reads (RouteLimit's). */
   placement: string
+  /** What the app calls to set a route's policies, as error messages name it: `limit()`, `@RateLimit()`. */
+  call: string
 }
 
 export const BASE_DIALECT: Dialect = {
@@ -79,7 +81,8 @@ export const BASE_DIALECT: Dialect = {
   wide: ROUTE_WIDE,
   hint: 'set it on the plugin or the route',
   adapter: 'fastify',
-  placement: 'the check runs before the route\'s handler'
+  placement: 'the check runs before the route\'s handler',
+  call: 'config.rateLimit'
 }
 
 /** A function of the request, as the app wrote it; its result is checked per request. */
@@ -132,7 +135,7 @@ export interface RouteLimit<Req> {
  */
 export function compileRoute<Req> (
   name: string, config: unknown, defaults: Defaults, dialect: Dialect = BASE_DIALECT,
-  where = `config.rateLimit of ${name}: `, listWhere = where
+  where = `${dialect.call} of ${name}: `, listWhere = where
 ): RouteLimit<Req> {
   const list: unknown[] = config === undefined ? [{}] : Array.isArray(config) ? config : [config]
   if (list.length === 0) throw optionError(`${where}rateLimit`, config, 'a policy, a non-empty array of policies, or false')

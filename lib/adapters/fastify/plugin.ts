@@ -83,7 +83,8 @@ const FASTIFY: Dialect = {
   wide: [...ROUTE_WIDE, 'hook'],
   hint: BASE_DIALECT.hint,
   adapter: 'fastify',
-  placement: PLACEMENT.onRequest
+  placement: PLACEMENT.onRequest,
+  call: BASE_DIALECT.call
 }
 
 const PLUGIN_CHECKS = {
