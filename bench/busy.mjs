@@ -14,6 +14,7 @@
 
 import { readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { FRAMEWORKS, median } from './report.mjs'
 
 const dir = process.argv[2]
 if (dir === undefined) {
@@ -34,12 +35,6 @@ function busyPerRequest (file) {
   return busy / profile.benchRequests
 }
 
-function median (values) {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = sorted.length >> 1
-  return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2
-}
-
 const cells = new Map()
 for (const name of readdirSync(dir)) {
   const match = /^(.+)-(W\d+(?:-\d+)?)-r\d+-\d+\.cpuprofile$/.exec(name)
@@ -53,22 +48,17 @@ const busy = (workload, config) => {
   return rounds === undefined ? undefined : median(rounds)
 }
 
-const FRAMEWORKS = [
-  { bare: 'bare', incumbent: 'frl-redis', ours: ['tollgate-exact', 'tollgate-single'] },
-  { bare: 'express-bare', incumbent: 'erl-redis', ours: ['express-tollgate-exact', 'express-tollgate-single'] },
-  { bare: 'hono-bare', incumbent: 'hrl-redis', ours: ['hono-tollgate-exact'] }
-]
 const workloads = [...new Set([...cells.keys()].map((key) => key.split('\t')[0]))].sort((a, b) => a.localeCompare(b, 'en', { numeric: true }))
 
 console.log('Main-thread busy time per request, µs (median over rounds); added over bare; ratio to the incumbent\'s added.\n')
 console.log('| workload | configuration | busy µs/req | added µs/req | ratio |')
 console.log('| --- | --- | ---: | ---: | ---: |')
 for (const workload of workloads) {
-  for (const { bare, incumbent, ours } of FRAMEWORKS) {
+  for (const { bare, peer: incumbent, exact, single } of FRAMEWORKS) {
     const base = busy(workload, bare)
     if (base === undefined) continue
     const theirs = busy(workload, incumbent)
-    for (const config of [bare, incumbent, ...ours]) {
+    for (const config of [bare, incumbent, exact, single]) {
       const value = busy(workload, config)
       if (value === undefined) continue
       const added = config === bare ? undefined : value - base

@@ -3,7 +3,8 @@
 
 const NA = 'n/a'
 
-function median (values) {
+/** The median of the defined numbers of `values`; undefined when there is none. */
+export function median (values) {
   const sorted = values.filter((v) => v !== undefined && !Number.isNaN(v)).sort((a, b) => a - b)
   if (sorted.length === 0) return undefined
   const mid = sorted.length >> 1
@@ -27,7 +28,7 @@ function valueRange (values, digits) {
 }
 
 /** Per framework: its bare app, its incumbent on Redis, tollgate exact and tollgate with `batch: false`. */
-const FRAMEWORKS = [
+export const FRAMEWORKS = [
   { name: 'Fastify', bare: 'bare', peer: 'frl-redis', peerLabel: '@fastify/rate-limit Redis store', exact: 'tollgate-exact', single: 'tollgate-single' },
   { name: 'Express', bare: 'express-bare', peer: 'erl-redis', peerLabel: 'express-rate-limit + rate-limit-redis', exact: 'express-tollgate-exact', single: 'express-tollgate-single' },
   { name: 'Hono', bare: 'hono-bare', peer: 'hrl-redis', peerLabel: 'hono-rate-limiter Redis store', exact: 'hono-tollgate-exact' }

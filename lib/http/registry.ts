@@ -140,7 +140,7 @@ export function registry<Req, Route extends object> (defaults: Defaults, routes:
         limit = byName.get(name)
         if (limit === undefined) {
           if (byName.size >= MAX_NAMES) throw badInput(`Rate limit of ${name}: this limit() serves ${MAX_NAMES} routes and methods already: give it a \`bucket\``)
-          limit = register(compileRoute(name, config, defaults, dialect, `${dialect.call} of ${name}: `))
+          limit = register(compileRoute(name, config, defaults, dialect))
           byName.set(name, limit)
         }
         methods.set(method, limit)
