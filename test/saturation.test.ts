@@ -110,7 +110,11 @@ t.test('an idle loop and a frozen Redis: each decision falls back at its deadlin
   await redis.ping()
   // A breaker that never opens: every decision waits for its own deadline.
   const limiter = createLimiter({ redis, prefix: uniquePrefix(), timeout: IDLE_TIMEOUT_MS, breaker: { failures: 1e6 } })
-  t.equal((await limiter.consume('warm', { ...POLICY, failureMode: 'closed' })).source, 'store', 'warm-up: decided by Redis')
+  // The first call loads the script, and on a loaded machine it (or the
+  // one after) may pass 10 ms: the warm-up shows Redis answers in time at all.
+  let tries = 1
+  while ((await limiter.consume('warm', { ...POLICY, failureMode: 'closed' })).source !== 'store' && tries < 20) tries++
+  t.ok(tries < 20, `warm-up: decided by Redis (call ${tries})`)
   server.pause()
   t.teardown(() => server.resume())
   const latencies: number[] = []
