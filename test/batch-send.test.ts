@@ -54,7 +54,7 @@ t.test('a lone decision\'s call is issued in the turn it was asked: before a set
   t.match(await reply, { allowed: true, buckets: [{ remaining: 49 }] })
   t.same(events, ['sent', 'call 1', 'end of turn', 'end of turn'], 'sent and issued, one key (lua/token-bucket.lua), before the turn ended')
 
-  const limiter = createLimiter({ redis, prefix, denialCache: false })
+  const limiter = createLimiter({ redis, prefix, denialCache: false, timeout: 1000 })
   await limiter.ready
   events.length = 0
   setImmediate(() => { events.push('end of turn') })

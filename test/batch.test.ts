@@ -48,10 +48,14 @@ function logger (): { logger: Logger, lines: Array<{ level: string, msg: string 
 }
 
 const POLICY: Policy = { bucket: 'b', capacity: 50, refillPerSecond: 1e-6, failureMode: 'closed' }
+// The deadline of the limiters whose tests count calls and read decisions,
+// not deadlines: a loaded run can keep Redis from answering within the
+// default 10 ms, and a decision that fell back would fail them for nothing.
+const SLACK_MS = 1000
 
 t.test('the decisions of one turn are one call, in the order asked; a decision alone is one call too', async (t) => {
   const redis = await client(t)
-  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, timeout: SLACK_MS })
   await limiter.consume('warm', POLICY)
   let before = await calls()
   const decisions = await Promise.all(Array.from({ length: 60 }, () => limiter.consume('c', POLICY)))
@@ -80,14 +84,14 @@ t.test('the decisions of one turn are one call, in the order asked; a decision a
 t.test('batches hold at most maxDecisions; several go out in one turn', async (t) => {
   const redis = await client(t)
   t.equal(DEFAULT_BATCH_MAX, 64)
-  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: {} })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: {}, timeout: SLACK_MS })
   await limiter.consume('warm', POLICY)
   let before = await calls()
   await Promise.all(Array.from({ length: 129 }, (_, i) => limiter.consume(`c${i % 7}`, POLICY)))
   t.equal(await calls() - before, 3, '129 decisions at the default 64: 64, 64 and one alone')
   await limiter.close()
 
-  const small = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: { maxDecisions: 10 } })
+  const small = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: { maxDecisions: 10 }, timeout: SLACK_MS })
   await small.consume('warm', POLICY)
   before = await calls()
   const decisions = await Promise.all(Array.from({ length: 100 }, () => small.consume('c', POLICY)))
@@ -99,7 +103,7 @@ t.test('batches hold at most maxDecisions; several go out in one turn', async (t
 
 t.test('batch: false sends each decision in a call of its own', async (t) => {
   const redis = await client(t)
-  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: false })
+  const limiter = createLimiter({ redis, prefix: uniquePrefix(), denialCache: false, batch: false, timeout: SLACK_MS })
   await limiter.consume('warm', POLICY)
   const before = await calls()
   const decisions = await Promise.all(Array.from({ length: 20 }, () => limiter.consume('c', POLICY)))
@@ -125,7 +129,7 @@ t.test('a batch refused for its content is decided again one decision a call: on
   const redis = await client(t)
   const prefix = uniquePrefix()
   const logs = logger()
-  const limiter = createLimiter({ redis, prefix, denialCache: false, logger: logs.logger })
+  const limiter = createLimiter({ redis, prefix, denialCache: false, logger: logs.logger, timeout: SLACK_MS })
   await limiter.ready
   await admin.hset(await fleetKey(admin, prefix, 'bad', 'b'), 'field', '1')
   const before = await calls()
@@ -141,7 +145,7 @@ t.test('a batch refused for its content is decided again one decision a call: on
 t.test('a batch the server refuses as a whole fails each decision, which falls back, and writes nothing', async (t) => {
   const redis = await client(t)
   const prefix = uniquePrefix()
-  const limiter = createLimiter({ redis, prefix, denialCache: false, breaker: { failures: 100, cooldownMs: 1000 } })
+  const limiter = createLimiter({ redis, prefix, denialCache: false, breaker: { failures: 100, cooldownMs: 1000 }, timeout: SLACK_MS })
   await limiter.consume('warm', POLICY)
   await admin.config('SET', 'maxmemory', '1')
   t.teardown(() => admin.config('SET', 'maxmemory', '0'))

@@ -365,7 +365,7 @@ t.test('a step back of Redis\'s clock costs at most one window, not the size of 
   const HOUR_US = 3600e6
   const prefix = `test-step-${process.pid}`
   const keySecret = 'a key secret for this test'
-  const limiter = createLimiter({ redis, prefix, denialCache: false, keySecret })
+  const limiter = createLimiter({ redis, prefix, denialCache: false, keySecret, timeout: 1000 })
   t.teardown(() => limiter.close())
   const policy = { bucket: 'api', capacity: 10, refillPerSecond: 1, failureMode: 'closed' } as const
   const windowMs = 10_000
