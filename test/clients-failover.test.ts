@@ -93,9 +93,15 @@ for (const family of targets) {
           victim.resume()
           promotedAt = performance.now() - started
         }
+        // Counted in decisions made, not only in time: a decision still in
+        // flight at the end of the wait (up to the deadline and its
+        // tolerance) may be one more fallback, and a wait on time alone
+        // then ended with no store decision after it.
         await waitFor('decisions from the store again', async () => {
-          const last = seen.filter((s) => s.source !== 'store').reduce((max, s) => Math.max(max, s.at), downAt)
-          return performance.now() - started > Math.max(last, promotedAt) + STEADY_AFTER_MS
+          let i = seen.length
+          while (i > 0 && seen[i - 1]?.source === 'store') i--
+          const last = Math.max(downAt, seen[i - 1]?.at ?? 0)
+          return seen.length - i >= STEADY_AFTER_MS / TICK_MS / 4 && performance.now() - started > Math.max(last, promotedAt) + STEADY_AFTER_MS
         }, RECOVERY_BOUND_MS + STEADY_AFTER_MS + 10_000)
       } finally {
         running = false
