@@ -16,7 +16,7 @@ import { SUBSCRIBER_NAME } from '../lib/core/invalidation.js'
 import { rateLimit } from '../lib/express.js'
 import { createLimiter, type Logger } from '../lib/index.js'
 import { storeTarget } from '../lib/store/redis-store.js'
-import { freePort, redisCommand, startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisCommand, startRedisServer } from './helpers/redis.js'
 
 const server = await startRedisServer()
 t.teardown(() => server.stop())
@@ -211,7 +211,7 @@ t.test('GLIDE: a reply error of a kind with no Redis code in the adapter keeps G
   t.match(await limiter.consume('c', policy), { allowed: true, source: 'store' }, 'decided by Redis while a master')
   // As a failover demotes an old master: a replica (of a master that is not
   // there) keeps its data and answers, read-only.
-  await redisCommand(own, ['REPLICAOF', own.host, String(await freePort())])
+  await redisCommand(own, ['REPLICAOF', own.host, String(NO_REDIS_PORT)])
   t.match(await limiter.consume('c', policy), { allowed: false, source: 'fail-closed' }, 'then its limits follow their failure mode')
   const logged = messages(log.errors)
   t.ok(logged.some((m) => m.includes(": ReadOnly You can't write against a read only replica.")), 'GLIDE\'s kind, then the server\'s words, without GLIDE\'s prefix', { logged })

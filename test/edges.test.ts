@@ -11,7 +11,7 @@ import { Deadlines } from '../lib/core/deadline.js'
 import { describe, StoreError } from '../lib/core/errors.js'
 import { MemoryStore } from '../lib/store/memory-store.js'
 import { buildApp } from './helpers/app.js'
-import { freePort, redisUrl, startRedisServer, type TeardownTarget } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisUrl, startRedisServer, type TeardownTarget } from './helpers/redis.js'
 
 await redisUrl(t)
 
@@ -19,7 +19,7 @@ const IP = '127.0.0.1'
 
 /** A client to a port where nothing listens: never ready, fails fast. */
 async function deadClient (t: TeardownTarget): Promise<Redis> {
-  const redis = new Redis({ port: await freePort(), lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
+  const redis = new Redis({ port: NO_REDIS_PORT, lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())
   return redis

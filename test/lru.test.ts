@@ -16,7 +16,7 @@ import t from 'tap'
 import { DenialCache } from '../lib/core/denial-cache.js'
 import { MemoryStore } from '../lib/store/memory-store.js'
 import type { BucketSpec } from '../lib/store/store.js'
-import { freePort } from './helpers/redis.js'
+import { NO_REDIS_PORT } from './helpers/redis.js'
 import { createLimiter, type Decision, type Policy } from '../lib/index.js'
 
 /** A tap test object, as passed to a t.test callback. */
@@ -48,7 +48,7 @@ interface Subject {
 
 /** A client on a port where nothing listens: every call fails at once. */
 async function deadClient (): Promise<Redis> {
-  const redis = new Redis({ port: await freePort(), lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
+  const redis = new Redis({ port: NO_REDIS_PORT, lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())
   return redis

@@ -8,7 +8,7 @@ import Fastify, { type FastifyServerOptions } from 'fastify'
 import { Redis } from 'ioredis'
 import t from 'tap'
 import tollgate, { routePolicy, type TollgateOptions } from '../lib/index.js'
-import { freePort, redisUrl } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisUrl } from './helpers/redis.js'
 
 interface Logged { level: number, msg: string, header?: string }
 
@@ -83,7 +83,7 @@ t.test('the Forwarded header is noticed too; trustProxy, a key or warnings silen
 })
 
 t.test('a Redis that is not ready at start-up: one warning after the bounded wait', async (t) => {
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const redis = new Redis({ port, host: '127.0.0.1', lazyConnect: true, retryStrategy: () => 1000, maxRetriesPerRequest: 0 })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())

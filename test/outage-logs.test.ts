@@ -24,7 +24,7 @@ import { rateLimit, type ExpressOptions } from '../lib/express.js'
 import { captureLogs, uniquePrefix, type LogCapture } from './helpers/app.js'
 import { listen } from './helpers/express.js'
 import { faultClient, ownServer } from './helpers/load.js'
-import { freePort, type RedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, type RedisServer } from './helpers/redis.js'
 
 const TIMEOUT_MS = 250
 const FREEZE_MS = 2000
@@ -97,7 +97,7 @@ t.test('Fastify, a frozen Redis, failureMode closed: 503s without an error line 
 
 /** A Fastify app on a Redis nobody listens on: every decision fails at once. */
 async function downApp (t: Test, logs: LogCapture, options: Partial<TollgateOptions>, setUp?: (app: FastifyInstance) => void): Promise<FastifyInstance> {
-  const redis = faultClient(t, `redis://127.0.0.1:${await freePort()}`, { retryStrategy: () => 1000 })
+  const redis = faultClient(t, `redis://127.0.0.1:${NO_REDIS_PORT}`, { retryStrategy: () => 1000 })
   const app = Fastify({ logger: { level: 'info', stream: logs.stream } })
   t.teardown(() => app.close())
   await app.register(tollgate, { redis, failureMode: 'closed', capacity: 1, refillPerSecond: 0.001, ...options })

@@ -28,7 +28,7 @@ import { createClient, createCluster } from 'redis'
 import { GlideClient } from '@valkey/valkey-glide'
 import { realTime, type Time } from '../lib/core/clock.js'
 import { captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
-import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisUrl, startRedisServer } from './helpers/redis.js'
 
 await redisUrl(t)
 
@@ -147,7 +147,7 @@ async function storeStates (reader: Reader): Promise<Record<string, number>> {
 }
 
 t.test('a wrong REDIS_URL with failureMode open: the start-up warning names the address, then a summary per period, never a line per request', async (t) => {
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const redis = new Redis(`redis://:s3cret@127.0.0.1:${port}`, { retryStrategy: () => 200 })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())
@@ -255,7 +255,7 @@ t.test('the address of a node-redis or GLIDE client, for the log lines: never a 
 })
 
 t.test('the Express adapter warns at start-up the same way', async (t) => {
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const redis = new Redis({ port, host: '127.0.0.1', retryStrategy: () => 1000 })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())

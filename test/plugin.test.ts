@@ -13,7 +13,7 @@ import Fastify, { type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
 import tollgate, { type Decision } from '../lib/index.js'
 import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
-import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisUrl, startRedisServer } from './helpers/redis.js'
 import { fleetKey, fleetSecret, keyUnder } from './helpers/keys.js'
 
 // Hold the shared Redis for the whole file, so subtests reuse one server.
@@ -387,7 +387,7 @@ t.test('one check per request', async (t) => {
 })
 
 t.test('Redis unreachable from the start: the app starts, failure modes apply', async (t) => {
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const redis = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => 200 })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())

@@ -10,7 +10,7 @@ import { Redis } from 'ioredis'
 import t from 'tap'
 import tollgate, { createLimiter, type Policy } from '../lib/index.js'
 import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
-import { freePort, redisUrl, startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, redisUrl, startRedisServer } from './helpers/redis.js'
 import { fleetKey } from './helpers/keys.js'
 
 await redisUrl(t)
@@ -169,7 +169,7 @@ t.test('a refund on a route of several policies clears the cached denial of a ro
 })
 
 t.test('the local fallback reserves and settles in its own bucket', async (t) => {
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const redis = new Redis(port, { lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
   redis.on('error', () => {})
   t.teardown(() => redis.disconnect())
@@ -319,7 +319,7 @@ t.test('a refund after the bucket refilled gives nothing back twice: Redis, the 
   // the start, so the refund gives nothing (before: all 10, on top of the
   // 10 just spent). Tolerance: what the bucket refills between the second
   // reserve and the peek, 1 token per 10 ms of a busy machine.
-  const port = await freePort()
+  const port = NO_REDIS_PORT
   const dead = new Redis(port, { lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => null })
   dead.on('error', () => {})
   t.teardown(() => dead.disconnect())

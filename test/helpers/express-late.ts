@@ -25,7 +25,7 @@ import { Redis } from 'ioredis'
 import { rateLimit } from '../../lib/express.js'
 import { memoryLogger } from './express.js'
 import { lateStores } from './late-stores.js'
-import { freePort } from './redis.js'
+import { NO_REDIS_PORT } from './redis.js'
 
 const TIMEOUT_MS = 30
 const url = process.env.REDIS_URL as string
@@ -45,7 +45,7 @@ const timeout: RequestHandler = (_req, res, next) => {
   next()
 }
 
-const never = new Redis(`redis://127.0.0.1:${await freePort()}`, { retryStrategy: () => 100 })
+const never = new Redis(`redis://127.0.0.1:${NO_REDIS_PORT}`, { retryStrategy: () => 100 })
 never.on('error', () => {})
 const startup = rateLimit({ redis: never, prefix, capacity: 5, refillPerSecond: 1, failureMode: 'closed', logger: memoryLogger() })
 let startupOver = false

@@ -112,6 +112,17 @@ export async function freePort (opts: { clusterBus?: boolean } = {}): Promise<nu
   throw new Error('could not find a free port pair for a cluster node')
 }
 
+/**
+ * A loopback port where no Redis is, for the tests of a Redis that is not
+ * there. Not one from freePort(): a port a test leaves unused there is free
+ * for another test file's redis-server a moment later, and a client that
+ * retries (or connects lazily) then reaches that server and decides on it.
+ * Port 1 is below the range the OS hands out for port 0, where every server
+ * of the suite listens (and its cluster bus port, 10 000 above), and is not
+ * a service of this machine's.
+ */
+export const NO_REDIS_PORT = 1
+
 // ---------------------------------------------------------------- RESP
 
 export type RespValue = string | number | null | RespError | RespValue[]
