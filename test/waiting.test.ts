@@ -142,12 +142,24 @@ for (const store of ['redis', 'memory'] as const) {
 t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers each', async (t) => {
   // Admissions are timed when the caller is released. A release can be late
   // (timers on a loaded machine, the reply's trip), which bunches releases:
-  // the bound below allows 10 ms of it, refill x 10 ms = 1 token more.
+  // the bound below allows 10 ms of it, refill x 10 ms = 1 token more, or
+  // the event loop's worst lag during the run when that is more (measured
+  // by a 1 ms ticker: a release is a timer of this loop, late by as much).
+  // On a loaded CI run a release 12 ms late once made the window 0.19 token
+  // over a 10 ms allowance.
   const prefix = uniquePrefix()
   const limiters = [createLimiter({ redis: await sharedRedis(t), prefix, timeout: 1000 }), createLimiter({ redis: await sharedRedis(t), prefix, timeout: 1000 })]
   t.teardown(async () => { for (const l of limiters) await l.close() })
   const policy: Policy = { bucket: 'quota', capacity: 5, refillPerSecond: 100, failureMode: 'open', maxWaitMs: 100 }
   const admitted: number[] = []
+  let lastTick = performance.now()
+  let worstLagMs = 0
+  const ticker = setInterval(() => {
+    const now = performance.now()
+    worstLagMs = Math.max(worstLagMs, now - lastTick - 1)
+    lastTick = now
+  }, 1)
+  t.teardown(() => { clearInterval(ticker) })
   const end = performance.now() + 1500
   await Promise.all(limiters.flatMap((limiter) => Array.from({ length: 4 }, async () => {
     while (performance.now() < end) {
@@ -160,8 +172,9 @@ t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers 
       admitted.push(at)
     }
   })))
+  clearInterval(ticker)
   admitted.sort((a, b) => a - b)
-  const slackMs = 10
+  const slackMs = Math.max(10, Math.ceil(worstLagMs))
   let worst = -Infinity
   for (let i = 0; i < admitted.length; i++) {
     for (let j = i; j < admitted.length; j++) {
@@ -170,9 +183,9 @@ t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers 
       if (excess > worst) worst = excess
     }
   }
-  t.comment(`${admitted.length} admitted in 1.5 s (at most ${policy.capacity + 1.5 * policy.refillPerSecond} by the bucket); worst window excess ${worst.toFixed(2)} with ${slackMs} ms of release lateness allowed`)
+  t.comment(`${admitted.length} admitted in 1.5 s (at most ${policy.capacity + 1.5 * policy.refillPerSecond} by the bucket); worst window excess ${worst.toFixed(2)} with ${slackMs} ms of release lateness allowed (the loop's worst lag ${worstLagMs.toFixed(1)} ms)`)
   t.ok(admitted.length > 120, 'the workers kept the bucket busy')
-  t.ok(worst <= 0, 'no window admitted more than capacity + refill x (w + 10 ms)')
+  t.ok(worst <= 0, `no window admitted more than capacity + refill x (w + ${slackMs} ms)`)
 })
 
 t.test('the pool is capped: past maxWaiters, a consume is decided without waiting', async (t) => {
