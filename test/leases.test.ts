@@ -15,7 +15,7 @@ import { LEASE, RedisStore, SETTLE, TOKEN_BUCKET, TOKEN_BUCKET_EXT } from '../li
 import type { LeaseReply } from '../lib/store/store.js'
 import { randomSource, redisMicros, scriptCalls, timeMicros } from './helpers/model.js'
 import { startProxy } from './helpers/proxy.js'
-import { startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, startRedisServer } from './helpers/redis.js'
 import { fleetKey, fleetKeyOf } from './helpers/keys.js'
 
 const server = await startRedisServer()
@@ -809,7 +809,8 @@ t.test('peek on a leased policy counts its lease only while Redis would take it 
 })
 
 t.test('peek on a leased policy follows its failure mode when Redis is down', async (t) => {
-  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  const redis = new Redis({ host: '127.0.0.1', port: NO_REDIS_PORT, lazyConnect: true })
+  redis.on('error', () => {})
   t.teardown(() => { redis.disconnect() })
   const limiter = createLimiter({ redis, prefix: `lease${++prefixes}` })
   t.teardown(() => limiter.close())

@@ -13,7 +13,7 @@ import { MemoryStore } from '../lib/store/memory-store.js'
 import { lockKey, type ExtSpec } from '../lib/store/store.js'
 import { buildApp } from './helpers/app.js'
 import { redisMicros, scriptCalls } from './helpers/model.js'
-import { startRedisServer } from './helpers/redis.js'
+import { NO_REDIS_PORT, startRedisServer } from './helpers/redis.js'
 import { fleetKey } from './helpers/keys.js'
 
 const server = await startRedisServer()
@@ -99,7 +99,8 @@ t.test('a block read as further away than forMs (Redis\'s clock stepped back) co
 })
 
 t.test('failureMode local: the local store locks out as well', async (t) => {
-  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  const redis = new Redis({ host: '127.0.0.1', port: NO_REDIS_PORT, lazyConnect: true })
+  redis.on('error', () => {})
   t.teardown(() => { redis.disconnect() })
   const limiter = createLimiter({ redis, prefix: `lock${++prefixes}` })
   t.teardown(() => limiter.close())

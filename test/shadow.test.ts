@@ -9,6 +9,7 @@ import { Redis } from 'ioredis'
 import t from 'tap'
 import { createLimiter, type Decision, type DecisionMessage, type Policy } from '../lib/index.js'
 import { buildApp, captureLogs, sharedRedis, uniquePrefix } from './helpers/app.js'
+import { NO_REDIS_PORT } from './helpers/redis.js'
 
 const NO_REFILL = 1e-6
 const shadowPolicy: Policy = { bucket: 'new-limit', capacity: 2, refillPerSecond: NO_REFILL, failureMode: 'open', shadow: true }
@@ -51,7 +52,8 @@ t.test('with enforced policies, the enforced ones decide; the shadow one spends 
 })
 
 t.test('a shadow policy with failureMode closed does not refuse while the store is down', async (t) => {
-  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  const redis = new Redis({ host: '127.0.0.1', port: NO_REDIS_PORT, lazyConnect: true })
+  redis.on('error', () => {})
   t.teardown(() => { redis.disconnect() })
   const limiter = createLimiter({ redis, prefix: uniquePrefix() })
   t.teardown(() => limiter.close())

@@ -17,6 +17,7 @@ import type { ExtSpec } from '../lib/store/store.js'
 import type { Time } from '../lib/core/clock.js'
 import { Waiters } from '../lib/core/waiters.js'
 import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
+import { NO_REDIS_PORT } from './helpers/redis.js'
 
 /** Fake clock and timers: a timer fires when the test says so. */
 function fakeTime (): { now: () => number, timers: Pick<Time, 'set' | 'clear'>, pending: Array<{ fn: () => void, ms: number }>, advance: (ms: number) => void } {
@@ -225,7 +226,8 @@ t.test('a peek of a reserved bucket waits for nothing and reports the wait', asy
 })
 
 t.test('a local fallback reserves in the local store', async (t) => {
-  const redis = new Redis('redis://127.0.0.1:1', { lazyConnect: true })
+  const redis = new Redis({ host: '127.0.0.1', port: NO_REDIS_PORT, lazyConnect: true })
+  redis.on('error', () => {})
   t.teardown(() => { redis.disconnect() })
   const limiter = createLimiter({ redis, prefix: uniquePrefix() })
   t.teardown(() => limiter.close())
