@@ -57,6 +57,10 @@ for (const label of ['single', 'cluster']) {
 }
 
 t.test('a read-then-write acquisition lets more than max in flight under the same load', async (t) => {
-  const seen = inFlight(await load('/single/naive-slot'))
-  t.ok(Math.max(...seen) > MAX, `largest seen in flight: ${Math.max(...seen)} for ${MAX} slots`)
+  // The race needs two acquisitions to read before either writes, which the
+  // load does not force: most waves see 12 to 24 in flight, one in many saw
+  // only 4, one none over max. A race shown in any of up to 5 waves is shown.
+  const largest: number[] = []
+  while (largest.length < 5 && !largest.some((n) => n > MAX)) largest.push(Math.max(...inFlight(await load('/single/naive-slot'))))
+  t.ok(largest.some((n) => n > MAX), `largest seen in flight per wave: ${largest.join(', ')} for ${MAX} slots`)
 })
