@@ -24,7 +24,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import { createLimiter, type Decision, type Limiter, type Policy } from '../lib/index.js'
 import { uniquePrefix } from './helpers/app.js'
-import { faultClient, ownServer } from './helpers/load.js'
+import { faultClient, ownServer, watchLoop } from './helpers/load.js'
 
 const SATURATED_TIMEOUT_MS = 250
 const CONCURRENCY = 100
@@ -50,13 +50,8 @@ interface Run {
 /** `count` decisions, CONCURRENCY in flight, HANDLER_MS of CPU after each, a busy timer alongside. */
 async function saturated (limiter: Limiter, count: number): Promise<Run> {
   const sources: Record<string, number> = {}
-  let lastTick = performance.now()
+  const loop = watchLoop()
   let maxLagMs = 0
-  const ticker = setInterval(() => {
-    const now = performance.now()
-    maxLagMs = Math.max(maxLagMs, now - lastTick)
-    lastTick = now
-  }, 1)
   const burner = setInterval(() => busy(TIMER_BUSY_MS), TIMER_EVERY_MS)
   let next = 0
   const worker = async (): Promise<void> => {
@@ -70,7 +65,7 @@ async function saturated (limiter: Limiter, count: number): Promise<Run> {
   try {
     await Promise.all(Array.from({ length: CONCURRENCY }, worker))
   } finally {
-    clearInterval(ticker)
+    maxLagMs = loop.stop()
     clearInterval(burner)
   }
   return { sources, maxLagMs }

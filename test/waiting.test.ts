@@ -17,6 +17,7 @@ import type { ExtSpec } from '../lib/store/store.js'
 import type { Time } from '../lib/core/clock.js'
 import { Waiters } from '../lib/core/waiters.js'
 import { buildApp, sharedRedis, uniquePrefix } from './helpers/app.js'
+import { watchLoop } from './helpers/load.js'
 import { NO_REDIS_PORT } from './helpers/redis.js'
 
 /** Fake clock and timers: a timer fires when the test says so. */
@@ -153,14 +154,8 @@ t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers 
   t.teardown(async () => { for (const l of limiters) await l.close() })
   const policy: Policy = { bucket: 'quota', capacity: 5, refillPerSecond: 100, failureMode: 'open', maxWaitMs: 100 }
   const admitted: number[] = []
-  let lastTick = performance.now()
-  let worstLagMs = 0
-  const ticker = setInterval(() => {
-    const now = performance.now()
-    worstLagMs = Math.max(worstLagMs, now - lastTick - 1)
-    lastTick = now
-  }, 1)
-  t.teardown(() => { clearInterval(ticker) })
+  const loop = watchLoop()
+  t.teardown(() => { loop.stop() })
   const end = performance.now() + 1500
   await Promise.all(limiters.flatMap((limiter) => Array.from({ length: 4 }, async () => {
     while (performance.now() < end) {
@@ -173,7 +168,7 @@ t.test('the window invariant, with waits on: two limiters of a fleet, 4 workers 
       admitted.push(at)
     }
   })))
-  clearInterval(ticker)
+  const worstLagMs = loop.stop() - 1
   admitted.sort((a, b) => a - b)
   const slackMs = Math.max(10, Math.ceil(worstLagMs))
   let worst = -Infinity
