@@ -141,9 +141,6 @@ export function startLoad<T> (options: LoadOptions<T>): Load {
   }
 }
 
-// ------------------------------------------------- load against the failure modes
-
-/** The in-process limit of the 'local' route: 3 tokens, one more every 1000 s (none during a test). */
 /**
  * Watches this process's event loop with a 1 ms interval: `stop()` ends it
  * and returns the longest gap seen between two ticks, in ms (the loop's own
@@ -166,6 +163,9 @@ export function watchLoop (): { stop: () => number } {
   }
 }
 
+// ------------------------------------------------- load against the failure modes
+
+/** The in-process limit of the 'local' route: 3 tokens, one more every 1000 s (none during a test). */
 export const LOCAL = { capacity: 3, refillPerSecond: 0.001 } as const
 /** RateLimit-Policy of the local limit, draft-6: capacity;w=ceil(capacity / refill). */
 export const LOCAL_POLICY = '3;w=3000'
